@@ -1,0 +1,155 @@
+// Protection domains and memory regions.
+#include <cerrno>
+
+#include "abi/verbs/export.h"
+#include "abi/verbs/objects.h"
+
+// verbs.h turns these into inline dispatchers; here we define the exported functions themselves.
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+using namespace softrdma;
+using namespace softrdma::abi;
+
+namespace {
+
+// Bits 20..29 are "optional": a provider that does not know one ignores it (verbs.h).
+constexpr unsigned kOptionalAccessRange = 0x3ff00000u;
+constexpr unsigned kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                  IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+
+int CheckAccess(unsigned access) {
+  if (access & ~(kKnownAccess | kOptionalAccessRange)) return EINVAL;
+  // Remote writes and atomics modify memory, which needs local write permission (ibv_reg_mr(3)).
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  return 0;
+}
+
+}  // namespace
+
+SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (!context) return Fail<ibv_pd>(EINVAL);
+  auto* pd = new VerbsPd{};
+  pd->ibv.context = context;
+  pd->core.handle = CoreOf(context).hca().NewPdHandle();
+  pd->ibv.handle = pd->core.handle;
+  return &pd->ibv;
+}
+
+SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!pd) return EINVAL;
+  VerbsPd* p = VerbsPd::From(pd);
+  if (p->users.load() > 0) return EBUSY;
+  delete p;
+  return 0;
+}
+
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                         unsigned int access) {
+  if (!pd || length == 0 || !addr) return Fail<ibv_mr>(EINVAL);
+  if (int r = CheckAccess(access)) return Fail<ibv_mr>(r);
+  VerbsPd* p = VerbsPd::From(pd);
+  core::Hca& hca = CoreOf(pd->context).hca();
+  core::Mr m{};
+  m.pd = &p->core;
+  m.addr = static_cast<uint8_t*>(addr);
+  m.length = length;
+  m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
+  m.access = static_cast<int>(access & kKnownAccess);
+  auto* mr = new VerbsMr{};
+  uint32_t key = hca.mrs().Insert(m);
+  mr->ibv.context = pd->context;
+  mr->ibv.pd = pd;
+  mr->ibv.addr = addr;
+  mr->ibv.length = length;
+  mr->ibv.handle = key;
+  mr->ibv.lkey = key;
+  mr->ibv.rkey = key;
+  ++p->users;
+  return &mr->ibv;
+}
+
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                        int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                          static_cast<unsigned>(access));
+}
+
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
+  return Fail<ibv_mr>(EOPNOTSUPP);  // no device memory to export from
+}
+
+SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+                                 int access) {
+  constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+                       IBV_REREG_MR_CHANGE_ACCESS;
+  if (!mr || flags == 0 || (flags & ~kAll)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  core::Hca& hca = CoreOf(mr->context).hca();
+  core::Mr m;
+  if (!hca.mrs().Get(mr->lkey, &m)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  VerbsPd* old_pd = VerbsPd::From(mr->pd);
+  VerbsPd* new_pd = old_pd;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    if (!pd) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    new_pd = VerbsPd::From(pd);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    if (CheckAccess(static_cast<unsigned>(access))) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    m.access = access & static_cast<int>(kKnownAccess);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    if (!addr || length == 0) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    m.addr = static_cast<uint8_t*>(addr);
+    m.length = length;
+    m.iova = reinterpret_cast<uintptr_t>(addr);
+    mr->addr = addr;
+    mr->length = length;
+  }
+  m.pd = &new_pd->core;
+  hca.mrs().Update(mr->lkey, m);
+  if (new_pd != old_pd) {
+    --old_pd->users;
+    ++new_pd->users;
+    mr->pd = pd;
+  }
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr) return EINVAL;
+  if (!CoreOf(mr->context).hca().mrs().Remove(mr->lkey)) return EINVAL;
+  --VerbsPd::From(mr->pd)->users;
+  delete VerbsMr::From(mr);
+  return 0;
+}
+
+// Importing objects needs a kernel to share them through; softrdma has none.
+SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return Fail<ibv_pd>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT void ibv_unimport_pd(ibv_pd*) {}
+SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return Fail<ibv_mr>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT void ibv_unimport_mr(ibv_mr*) {}
+SOFTRDMA_EXPORT ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return Fail<ibv_dm>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT void ibv_unimport_dm(ibv_dm*) {}

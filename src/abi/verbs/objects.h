@@ -1,0 +1,111 @@
+// The objects behind every libibverbs handle. Each embeds its public struct first (as rdma-core
+// providers do), so the handle an application holds converts back with one cast, and carries the
+// core object it stands for. No verbs semantics live here: only the mapping.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <memory>
+
+#include "core/context.h"
+#include "core/cq.h"
+#include "core/hca.h"
+#include "core/mr.h"
+#include "core/qp.h"
+#include "core/recv_queue.h"
+
+namespace softrdma::abi {
+
+struct VerbsDevice {
+  ibv_device ibv;
+};
+
+struct VerbsContext {
+  verbs_context vctx;  // ibv_context is its last member; applications hold &vctx.context
+  std::unique_ptr<core::Context> core;
+  static VerbsContext* From(ibv_context* c) {
+    return reinterpret_cast<VerbsContext*>(reinterpret_cast<char*>(c) -
+                                           offsetof(verbs_context, context));
+  }
+};
+
+struct VerbsPd {
+  ibv_pd ibv;
+  core::Pd core;
+  std::atomic<int> users{0};  // MRs, QPs, SRQs, AHs: dealloc_pd answers EBUSY while any exist
+  static VerbsPd* From(ibv_pd* p) { return reinterpret_cast<VerbsPd*>(p); }
+};
+
+struct VerbsMr {
+  ibv_mr ibv;
+  static VerbsMr* From(ibv_mr* m) { return reinterpret_cast<VerbsMr*>(m); }
+};
+
+struct VerbsCompChannel {
+  ibv_comp_channel ibv;
+  core::CompChannel core;
+  static VerbsCompChannel* From(ibv_comp_channel* c) {
+    return reinterpret_cast<VerbsCompChannel*>(c);
+  }
+};
+
+// Every CQ is an ibv_cq_ex (ibv_cq is its prefix), so ibv_cq_ex_to_cq works on any of them.
+struct VerbsCq {
+  ibv_cq_ex ibv;
+  std::unique_ptr<core::Cq> core;
+  uint64_t wc_flags;  // what create_cq_ex asked to read
+  core::Cqe current{};            // the entry an extended poll is looking at
+  std::atomic<int> users{0};      // QPs and SRQs using it: destroy_cq answers EBUSY
+  static VerbsCq* From(ibv_cq* c) { return reinterpret_cast<VerbsCq*>(c); }
+  static VerbsCq* From(ibv_cq_ex* c) { return reinterpret_cast<VerbsCq*>(c); }
+};
+
+struct VerbsSrq {
+  ibv_srq ibv;
+  std::unique_ptr<core::Srq> core;
+  std::atomic<int> users{0};
+  static VerbsSrq* From(ibv_srq* s) { return reinterpret_cast<VerbsSrq*>(s); }
+};
+
+// Every QP is an ibv_qp_ex; ibv_qp_to_qp_ex answers only for those created with send_ops_flags.
+struct VerbsQp {
+  ibv_qp_ex ibv;
+  std::shared_ptr<core::Qp> core;
+  bool extended = false;
+  // ibv_wr_* builder state between wr_start and wr_complete.
+  struct Builder;
+  std::unique_ptr<Builder> builder;
+  static VerbsQp* From(ibv_qp* q) { return reinterpret_cast<VerbsQp*>(q); }
+  static VerbsQp* From(ibv_qp_ex* q) { return reinterpret_cast<VerbsQp*>(q); }
+};
+
+using core::Ah;
+
+inline core::Context& CoreOf(ibv_context* c) { return *VerbsContext::From(c)->core; }
+
+// Sets errno and returns nullptr: the convention of every creating verb.
+template <typename T = void>
+T* Fail(int err) {
+  errno = err;
+  return nullptr;
+}
+
+void InstallContextOps(verbs_context* vctx);
+void InstallQpExOps(ibv_qp_ex* qpx, uint64_t send_ops_flags);
+void InstallCqExOps(ibv_cq_ex* cq);
+
+// Context-op entry points that other files register.
+int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
+int ReqNotifyCq(ibv_cq* cq, int solicited_only);
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                  ibv_device_attr_ex* attr, size_t attr_size);
+int QueryPortEx(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
+
+}  // namespace softrdma::abi

@@ -1,0 +1,339 @@
+// Queue pairs: creation (classic and extended), modify/query/destroy, posting, and the ibv_wr_*
+// builders of ibv_qp_ex.
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "abi/verbs/export.h"
+#include "abi/verbs/objects.h"
+#include "core/limits.h"
+
+using namespace softrdma;
+using namespace softrdma::abi;
+
+namespace softrdma::abi {
+
+ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
+  if (!ctx || !a) return Fail<ibv_qp>(EINVAL);
+  constexpr uint32_t kSupportedMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                                      IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (a->comp_mask & ~kSupportedMask) return Fail<ibv_qp>(EOPNOTSUPP);
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return Fail<ibv_qp>(EINVAL);
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
+    return Fail<ibv_qp>(EOPNOTSUPP);
+  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD)
+    return Fail<ibv_qp>(EOPNOTSUPP);
+  if (!a->send_cq || !a->recv_cq) return Fail<ibv_qp>(EINVAL);
+  ibv_qp_cap& cap = a->cap;
+  if (cap.max_send_wr > core::kMaxQpWr || cap.max_send_sge > core::kMaxSge ||
+      cap.max_inline_data > core::kMaxInlineData ||
+      (!a->srq && (cap.max_recv_wr > core::kMaxQpWr || cap.max_recv_sge > core::kMaxSge)))
+    return Fail<ibv_qp>(EINVAL);
+
+  uint64_t send_ops = 0;
+  if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+    send_ops = a->send_ops_flags;
+    constexpr uint64_t kOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                              IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                              IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                              IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+    if (send_ops & ~kOps) return Fail<ibv_qp>(EOPNOTSUPP);
+  }
+
+  if (a->srq) cap.max_recv_wr = cap.max_recv_sge = 0;
+  auto* qp = new VerbsQp{};
+  core::Qp::Init init{};
+  init.type = a->qp_type;
+  init.pd = &VerbsPd::From(a->pd)->core;
+  init.send_cq = VerbsCq::From(a->send_cq)->core.get();
+  init.recv_cq = VerbsCq::From(a->recv_cq)->core.get();
+  init.srq = a->srq ? VerbsSrq::From(a->srq)->core.get() : nullptr;
+  init.cap = cap;
+  init.sq_sig_all = a->sq_sig_all != 0;
+  init.user_handle = &qp->ibv.qp_base;
+  int err = 0;
+  qp->core = CoreOf(ctx).hca().CreateQp(CoreOf(ctx), init, &err);
+  if (!qp->core) {
+    delete qp;
+    return Fail<ibv_qp>(err);
+  }
+  ibv_qp& q = qp->ibv.qp_base;
+  q.context = ctx;
+  q.qp_context = a->qp_context;
+  q.pd = a->pd;
+  q.send_cq = a->send_cq;
+  q.recv_cq = a->recv_cq;
+  q.srq = a->srq;
+  q.handle = qp->core->qpn();
+  q.qp_num = qp->core->qpn();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = a->qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  ++VerbsPd::From(a->pd)->users;
+  ++VerbsCq::From(a->send_cq)->users;
+  ++VerbsCq::From(a->recv_cq)->users;
+  if (a->srq) ++VerbsSrq::From(a->srq)->users;
+  if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+    qp->extended = true;
+    InstallQpExOps(&qp->ibv, send_ops);
+  }
+  return &q;
+}
+
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  const ibv_send_wr* b = nullptr;
+  int r = VerbsQp::From(qp)->core->PostSend(wr, &b);
+  if (r && bad) *bad = const_cast<ibv_send_wr*>(b);
+  return r;
+}
+
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  const ibv_recv_wr* b = nullptr;
+  int r = VerbsQp::From(qp)->core->PostRecv(wr, &b);
+  if (r && bad) *bad = const_cast<ibv_recv_wr*>(b);
+  return r;
+}
+
+}  // namespace softrdma::abi
+
+SOFTRDMA_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  if (!pd || !attr) return Fail<ibv_qp>(EINVAL);
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = attr->qp_context;
+  ex.send_cq = attr->send_cq;
+  ex.recv_cq = attr->recv_cq;
+  ex.srq = attr->srq;
+  ex.cap = attr->cap;
+  ex.qp_type = attr->qp_type;
+  ex.sq_sig_all = attr->sq_sig_all;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ex.pd = pd;
+  ibv_qp* qp = CreateQpEx(pd->context, &ex);
+  if (qp) attr->cap = ex.cap;
+  return qp;
+}
+
+SOFTRDMA_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  if (!qp) return nullptr;
+  VerbsQp* q = VerbsQp::From(qp);
+  return q->extended ? &q->ibv : nullptr;
+}
+
+SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+  if (!qp || !attr) return EINVAL;
+  return VerbsQp::From(qp)->core->Modify(*attr, attr_mask);
+}
+
+SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
+                                 ibv_qp_init_attr* init_attr) {
+  if (!qp || !attr) return EINVAL;
+  return VerbsQp::From(qp)->core->Query(attr, attr_mask, init_attr);
+}
+
+SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp) return EINVAL;
+  VerbsQp* q = VerbsQp::From(qp);
+  q->core->Shutdown();
+  CoreOf(qp->context).async_events().Purge([qp](const ibv_async_event& e) {
+    switch (e.event_type) {
+      case IBV_EVENT_CQ_ERR:
+      case IBV_EVENT_SRQ_ERR:
+      case IBV_EVENT_SRQ_LIMIT_REACHED:
+      case IBV_EVENT_PORT_ACTIVE:
+      case IBV_EVENT_PORT_ERR:
+      case IBV_EVENT_DEVICE_FATAL:
+        return false;
+      default:
+        return e.element.qp == qp;
+    }
+  });
+  --VerbsPd::From(qp->pd)->users;
+  --VerbsCq::From(qp->send_cq)->users;
+  --VerbsCq::From(qp->recv_cq)->users;
+  if (qp->srq) --VerbsSrq::From(qp->srq)->users;
+  pthread_mutex_destroy(&qp->mutex);
+  pthread_cond_destroy(&qp->cond);
+  delete q;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode /*op*/, uint32_t flags) {
+  // Every link delivers a message's bytes in order, and the responder places them in order.
+  if (!qp || flags) return 0;
+  return 1;
+}
+
+SOFTRDMA_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+
+// ---- ibv_qp_ex builders: collect the WRs of one wr_start..wr_complete batch, post them as one
+// chain so the batch is accepted or refused as a whole.
+struct VerbsQp::Builder {
+  struct Item {
+    ibv_send_wr wr;
+    std::vector<ibv_sge> sges;
+    std::vector<uint8_t> inline_data;
+  };
+  std::vector<Item> items;
+  int error = 0;
+};
+
+namespace {
+
+VerbsQp* Q(ibv_qp_ex* q) { return VerbsQp::From(q); }
+
+VerbsQp::Builder::Item* Last(ibv_qp_ex* q) {
+  auto& b = *Q(q)->builder;
+  return b.items.empty() ? nullptr : &b.items.back();
+}
+
+ibv_send_wr* NewWr(ibv_qp_ex* q, ibv_wr_opcode op) {
+  auto& b = *Q(q)->builder;
+  b.items.emplace_back();
+  ibv_send_wr& wr = b.items.back().wr;
+  wr = ibv_send_wr{};
+  wr.wr_id = q->wr_id;
+  wr.send_flags = q->wr_flags;
+  wr.opcode = op;
+  return &wr;
+}
+
+void WrStart(ibv_qp_ex* q) {
+  auto& b = Q(q)->builder;
+  if (!b) b = std::make_unique<VerbsQp::Builder>();
+  b->items.clear();
+  b->error = 0;
+}
+
+int WrComplete(ibv_qp_ex* q) {
+  auto& b = *Q(q)->builder;
+  if (b.error) {
+    int e = b.error;
+    b.items.clear();
+    return e;
+  }
+  if (b.items.empty()) return 0;
+  for (size_t i = 0; i < b.items.size(); ++i) {
+    auto& it = b.items[i];
+    if (!it.inline_data.empty()) {
+      it.sges.assign(1, ibv_sge{reinterpret_cast<uintptr_t>(it.inline_data.data()),
+                                static_cast<uint32_t>(it.inline_data.size()), 0});
+      it.wr.send_flags |= IBV_SEND_INLINE;
+    }
+    it.wr.sg_list = it.sges.empty() ? nullptr : it.sges.data();
+    it.wr.num_sge = static_cast<int>(it.sges.size());
+    it.wr.next = i + 1 < b.items.size() ? &b.items[i + 1].wr : nullptr;
+  }
+  const ibv_send_wr* bad = nullptr;
+  int r = Q(q)->core->PostSend(&b.items[0].wr, &bad);
+  b.items.clear();
+  return r;
+}
+
+void WrAbort(ibv_qp_ex* q) {
+  if (Q(q)->builder) Q(q)->builder->items.clear();
+}
+
+void WrSend(ibv_qp_ex* q) { NewWr(q, IBV_WR_SEND); }
+void WrSendImm(ibv_qp_ex* q, __be32 imm) { NewWr(q, IBV_WR_SEND_WITH_IMM)->imm_data = imm; }
+void WrSendInv(ibv_qp_ex* q, uint32_t rkey) {
+  NewWr(q, IBV_WR_SEND_WITH_INV)->invalidate_rkey = rkey;
+}
+void WrRdmaWrite(ibv_qp_ex* q, uint32_t rkey, uint64_t addr) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_RDMA_WRITE);
+  wr->wr.rdma.rkey = rkey;
+  wr->wr.rdma.remote_addr = addr;
+}
+void WrRdmaWriteImm(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, __be32 imm) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_RDMA_WRITE_WITH_IMM);
+  wr->wr.rdma.rkey = rkey;
+  wr->wr.rdma.remote_addr = addr;
+  wr->imm_data = imm;
+}
+void WrRdmaRead(ibv_qp_ex* q, uint32_t rkey, uint64_t addr) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_RDMA_READ);
+  wr->wr.rdma.rkey = rkey;
+  wr->wr.rdma.remote_addr = addr;
+}
+void WrCmpSwp(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_ATOMIC_CMP_AND_SWP);
+  wr->wr.atomic.rkey = rkey;
+  wr->wr.atomic.remote_addr = addr;
+  wr->wr.atomic.compare_add = compare;
+  wr->wr.atomic.swap = swap;
+}
+void WrFetchAdd(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, uint64_t add) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_ATOMIC_FETCH_AND_ADD);
+  wr->wr.atomic.rkey = rkey;
+  wr->wr.atomic.remote_addr = addr;
+  wr->wr.atomic.compare_add = add;
+}
+void WrUnsupported(ibv_qp_ex* q) {
+  if (Q(q)->builder) Q(q)->builder->error = EOPNOTSUPP;
+}
+void WrBindMw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { WrUnsupported(q); }
+void WrLocalInv(ibv_qp_ex* q, uint32_t) { WrUnsupported(q); }
+void WrSendTso(ibv_qp_ex* q, void*, uint16_t, uint16_t) { WrUnsupported(q); }
+void WrAtomicWrite(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { WrUnsupported(q); }
+void WrSetXrcSrqn(ibv_qp_ex* q, uint32_t) { WrUnsupported(q); }
+
+void WrSetUdAddr(ibv_qp_ex* q, ibv_ah* ah, uint32_t qpn, uint32_t qkey) {
+  if (auto* it = Last(q)) {
+    it->wr.wr.ud.ah = ah;
+    it->wr.wr.ud.remote_qpn = qpn;
+    it->wr.wr.ud.remote_qkey = qkey;
+  }
+}
+void WrSetSge(ibv_qp_ex* q, uint32_t lkey, uint64_t addr, uint32_t length) {
+  if (auto* it = Last(q)) it->sges.assign(1, ibv_sge{addr, length, lkey});
+}
+void WrSetSgeList(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
+  if (auto* it = Last(q)) it->sges.assign(list, list + n);
+}
+void WrSetInlineData(ibv_qp_ex* q, void* addr, size_t length) {
+  if (auto* it = Last(q)) {
+    auto* p = static_cast<uint8_t*>(addr);
+    it->inline_data.assign(p, p + length);
+  }
+}
+void WrSetInlineDataList(ibv_qp_ex* q, size_t n, const ibv_data_buf* bufs) {
+  if (auto* it = Last(q)) {
+    it->inline_data.clear();
+    for (size_t i = 0; i < n; ++i) {
+      auto* p = static_cast<uint8_t*>(bufs[i].addr);
+      it->inline_data.insert(it->inline_data.end(), p, p + bufs[i].length);
+    }
+  }
+}
+
+}  // namespace
+
+namespace softrdma::abi {
+void InstallQpExOps(ibv_qp_ex* q, uint64_t /*send_ops_flags*/) {
+  // Every builder is set, whatever send_ops_flags said: a builder the QP type cannot execute
+  // makes wr_complete fail instead of jumping through a null pointer.
+  q->wr_start = WrStart;
+  q->wr_complete = WrComplete;
+  q->wr_abort = WrAbort;
+  q->wr_send = WrSend;
+  q->wr_send_imm = WrSendImm;
+  q->wr_send_inv = WrSendInv;
+  q->wr_send_tso = WrSendTso;
+  q->wr_rdma_write = WrRdmaWrite;
+  q->wr_rdma_write_imm = WrRdmaWriteImm;
+  q->wr_rdma_read = WrRdmaRead;
+  q->wr_atomic_cmp_swp = WrCmpSwp;
+  q->wr_atomic_fetch_add = WrFetchAdd;
+  q->wr_bind_mw = WrBindMw;
+  q->wr_local_inv = WrLocalInv;
+  q->wr_atomic_write = WrAtomicWrite;
+  q->wr_set_ud_addr = WrSetUdAddr;
+  q->wr_set_xrc_srqn = WrSetXrcSrqn;
+  q->wr_set_inline_data = WrSetInlineData;
+  q->wr_set_inline_data_list = WrSetInlineDataList;
+  q->wr_set_sge = WrSetSge;
+  q->wr_set_sge_list = WrSetSgeList;
+  q->comp_mask = 0;
+}
+}  // namespace softrdma::abi

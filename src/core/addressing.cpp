@@ -1,0 +1,156 @@
+#include "core/addressing.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/limits.h"
+
+namespace softrdma::core {
+
+ibv_gid MakeGid(const GidFields& f) {
+  ibv_gid g{};
+  g.raw[0] = 0xfe;
+  g.raw[1] = 0x80;
+  g.raw[8] = static_cast<uint8_t>(f.ip >> 24);
+  g.raw[9] = static_cast<uint8_t>(f.ip >> 16);
+  g.raw[10] = static_cast<uint8_t>(f.ip >> 8);
+  g.raw[11] = static_cast<uint8_t>(f.ip);
+  g.raw[12] = static_cast<uint8_t>(f.port >> 8);
+  g.raw[13] = static_cast<uint8_t>(f.port);
+  g.raw[14] = static_cast<uint8_t>(f.slot >> 8);
+  g.raw[15] = static_cast<uint8_t>(f.slot);
+  return g;
+}
+
+std::optional<GidFields> ParseGid(const ibv_gid& g) {
+  static const uint8_t kPrefix[8] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0};
+  if (std::memcmp(g.raw, kPrefix, 8) != 0) return std::nullopt;
+  GidFields f;
+  f.ip = uint32_t{g.raw[8]} << 24 | uint32_t{g.raw[9]} << 16 | uint32_t{g.raw[10]} << 8 | g.raw[11];
+  f.port = static_cast<uint16_t>(g.raw[12] << 8 | g.raw[13]);
+  f.slot = static_cast<uint16_t>(g.raw[14] << 8 | g.raw[15]);
+  if (f.ip == 0 || f.port == 0) return std::nullopt;
+  return f;
+}
+
+std::vector<uint32_t> LocalIpv4Addresses() {
+  std::vector<uint32_t> out;
+  ifaddrs* ifa = nullptr;
+  if (getifaddrs(&ifa) == 0) {
+    for (ifaddrs* i = ifa; i; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+      if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+      out.push_back(ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+    }
+    freeifaddrs(ifa);
+  }
+  if (const char* want = getenv("SOFTRDMA_IP")) {
+    in_addr a;
+    if (inet_pton(AF_INET, want, &a) == 1) {
+      uint32_t ip = ntohl(a.s_addr);
+      std::erase(out, ip);
+      out.insert(out.begin(), ip);
+    }
+  }
+  if (out.empty()) out.push_back(INADDR_LOOPBACK);
+  if (out.size() > kGidTableLen) out.resize(kGidTableLen);
+  return out;
+}
+
+uint64_t NetnsId() {
+  struct stat st;
+  if (stat("/proc/self/ns/net", &st) != 0) return 0;
+  return st.st_ino;
+}
+
+std::string RunDirectory() {
+  if (const char* d = getenv("SOFTRDMA_RUNDIR")) return d;
+  return "/dev/shm/softrdma";
+}
+
+bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err) {
+  dir_ = RunDirectory();
+  // World-writable and sticky, like /tmp: every user's processes share one LID/QPN space.
+  if (mkdir(dir_.c_str(), 01777) == 0) chmod(dir_.c_str(), 01777);
+  uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlot;
+  for (uint32_t i = 0; i < kMaxSlot; ++i) {
+    uint16_t s = static_cast<uint16_t>((start + i) % kMaxSlot + 1);
+    std::string path = dir_ + "/slot-" + std::to_string(s);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) continue;  // another user's stale slot
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);
+      continue;
+    }
+    std::ostringstream info;
+    info << "softrdma-slot 1\nnetns " << NetnsId() << "\nport " << port << "\npid " << getpid()
+         << "\nips";
+    for (uint32_t ip : ips) info << ' ' << ip;
+    info << '\n';
+    std::string text = info.str();
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) !=
+                                     static_cast<ssize_t>(text.size())) {
+      close(fd);
+      continue;
+    }
+    fd_ = fd;
+    slot_ = s;
+    return true;
+  }
+  *err = "no free slot in " + dir_;
+  return false;
+}
+
+SlotRegistry::~SlotRegistry() {
+  if (fd_ >= 0) {
+    std::string path = dir_ + "/slot-" + std::to_string(slot_);
+    unlink(path.c_str());
+    close(fd_);
+  }
+}
+
+void SlotRegistry::ForgetAfterFork() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+std::optional<link::PeerAddr> SlotRegistry::Lookup(uint16_t slot) const {
+  if (slot == 0 || slot > kMaxSlot) return std::nullopt;
+  std::ifstream in(RunDirectory() + "/slot-" + std::to_string(slot));
+  if (!in) return std::nullopt;
+  std::string word;
+  uint64_t netns = 0;
+  uint32_t port = 0;
+  std::vector<uint32_t> ips;
+  while (in >> word) {
+    if (word == "netns") {
+      in >> netns;
+    } else if (word == "port") {
+      in >> port;
+    } else if (word == "ips") {
+      std::string rest;
+      std::getline(in, rest);
+      std::istringstream is(rest);
+      uint32_t ip;
+      while (is >> ip) ips.push_back(ip);
+    }
+  }
+  if (port == 0 || port > 65535 || ips.empty()) return std::nullopt;
+  link::PeerAddr a;
+  a.port = static_cast<uint16_t>(port);
+  a.ip = netns == NetnsId() ? INADDR_LOOPBACK : ips.front();
+  return a;
+}
+
+}  // namespace softrdma::core

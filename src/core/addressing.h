@@ -1,0 +1,59 @@
+// How a destination named by verbs — (GID, QPN) or (LID, QPN) or just a QPN — becomes a reachable
+// process, without a daemon. See docs/architecture.md, "Addressing".
+//
+//  * Each process holds a host-wide slot (1..kMaxSlot), claimed by an flock()ed file in the run
+//    directory. The slot is the port's LID and the top bits of every QPN of the process.
+//  * Each GID encodes one IPv4 address of the process's network namespace and the TCP port of its
+//    endpoint: fe80:0000:0000:0000:<ipv4:4><port:2><slot:2>. A GID alone reaches the process from
+//    any host that can route to that address.
+//  * The slot file records the endpoint (network namespace, port, addresses), so a LID or a QPN
+//    alone reaches the process from any namespace of the same host.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "link/link.h"
+
+namespace softrdma::core {
+
+struct GidFields {
+  uint32_t ip;  // host order
+  uint16_t port;
+  uint16_t slot;
+};
+
+ibv_gid MakeGid(const GidFields& f);
+std::optional<GidFields> ParseGid(const ibv_gid& gid);
+
+// IPv4 addresses of this namespace's interfaces that are up, non-loopback first; 127.0.0.1 when
+// there is nothing else. SOFTRDMA_IP puts a chosen address first.
+std::vector<uint32_t> LocalIpv4Addresses();
+
+// Network namespace identity (inode of /proc/self/ns/net).
+uint64_t NetnsId();
+
+class SlotRegistry {
+ public:
+  // Claims a free slot and publishes `port` and `ips` in it. Holds the claim until destruction.
+  bool Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err);
+  ~SlotRegistry();
+  uint16_t slot() const { return slot_; }
+  // Where the process holding `slot` listens, as seen from this namespace.
+  std::optional<link::PeerAddr> Lookup(uint16_t slot) const;
+  // Drops the claim's fd without unlocking: the parent of a fork() still holds it.
+  void ForgetAfterFork();
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  uint16_t slot_ = 0;
+};
+
+std::string RunDirectory();
+
+}  // namespace softrdma::core

@@ -1,0 +1,75 @@
+#include "core/cq.h"
+
+#include <time.h>
+
+#include <cerrno>
+
+#include "core/context.h"
+
+namespace softrdma::core {
+
+bool Cq::Push(const ibv_wc& wc, bool solicited) {
+  bool notify = false, overflow = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (overflowed_) return false;
+    if (count_ == ring_.size() - 1) {
+      overflowed_ = true;
+      overflow = true;
+    } else {
+      Cqe& e = ring_[(head_ + count_) % ring_.size()];
+      e.wc = wc;
+      timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      e.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+      ++count_;
+      if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
+        armed_ = kDisarmed;
+        notify = channel_ != nullptr;
+        if (notify) ++events_reported_;
+      }
+    }
+  }
+  if (overflow) {
+    ibv_async_event e{};
+    e.element.cq = static_cast<ibv_cq*>(user_handle_);
+    e.event_type = IBV_EVENT_CQ_ERR;
+    ctx_.RaiseAsync(e);
+    return false;
+  }
+  if (notify) channel_->events.Push(user_handle_);
+  return true;
+}
+
+int Cq::Poll(int n, ibv_wc* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  int got = 0;
+  while (got < n && count_ > 0) {
+    out[got++] = ring_[head_].wc;
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+  return got;
+}
+
+int Cq::Arm(bool solicited_only) {
+  std::lock_guard<std::mutex> g(mu_);
+  // A later "any completion" request widens an earlier solicited-only one, never the reverse.
+  if (!solicited_only)
+    armed_ = kNext;
+  else if (armed_ == kDisarmed)
+    armed_ = kSolicited;
+  return 0;
+}
+
+int Cq::Resize(uint32_t depth) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (depth < count_) return EINVAL;
+  std::vector<Cqe> fresh(depth + 1);
+  for (size_t i = 0; i < count_; ++i) fresh[i] = ring_[(head_ + i) % ring_.size()];
+  ring_.swap(fresh);
+  head_ = 0;
+  return 0;
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,65 @@
+// Completion queues and completion channels.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core/event_queue.h"
+
+namespace softrdma::core {
+
+class Context;
+
+struct Cqe {
+  ibv_wc wc;
+  uint64_t timestamp_ns;  // for ibv_wc_read_completion_ts / _wallclock_ns
+};
+
+// Carries the user's CQ handle of each completion event (what ibv_get_cq_event returns).
+struct CompChannel {
+  EventQueue<void*> events;
+};
+
+class Cq {
+ public:
+  Cq(Context& ctx, uint32_t depth, CompChannel* channel, void* user_handle)
+      : ctx_(ctx), channel_(channel), user_handle_(user_handle), ring_(depth + 1) {}
+
+  // Adds a completion. On overflow the completion is lost, the CQ enters error and
+  // IBV_EVENT_CQ_ERR is raised once; returns false.
+  bool Push(const ibv_wc& wc, bool solicited);
+  int Poll(int n, ibv_wc* out);
+  // ibv_req_notify_cq: the next completion (or next solicited/error one) raises one event.
+  int Arm(bool solicited_only);
+  int Resize(uint32_t depth);  // EINVAL when fewer slots than queued completions
+  uint32_t depth() const { return static_cast<uint32_t>(ring_.size() - 1); }
+  void* user_handle() const { return user_handle_; }
+  CompChannel* channel() const { return channel_; }
+
+  // Extended polling (ibv_cq_ex): the caller holds lock() between start and end of a poll batch.
+  std::mutex& lock() { return mu_; }
+  const Cqe* FrontLocked() const { return count_ ? &ring_[head_] : nullptr; }
+  void PopLocked() {
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+
+  // Number of events raised for this CQ, for ibv_destroy_cq's wait on ibv_ack_cq_events.
+  uint32_t events_reported() const { return events_reported_; }
+
+ private:
+  Context& ctx_;
+  CompChannel* channel_;
+  void* user_handle_;
+  std::mutex mu_;
+  std::vector<Cqe> ring_;
+  size_t head_ = 0, count_ = 0;
+  enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;
+  bool overflowed_ = false;
+  uint32_t events_reported_ = 0;
+};
+
+}  // namespace softrdma::core

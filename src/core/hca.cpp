@@ -1,0 +1,218 @@
+#include "core/hca.h"
+
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/context.h"
+#include "core/limits.h"
+#include "core/qp_internal.h"
+
+namespace softrdma::core {
+namespace {
+
+std::mutex g_mu;
+std::shared_ptr<Hca>* g_instance = nullptr;  // process lifetime; replaced in a fork() child
+std::once_flag g_atfork_once;
+
+}  // namespace
+
+std::shared_ptr<Hca> Hca::Get(std::string* err) {
+  std::call_once(g_atfork_once, [] { pthread_atfork(nullptr, nullptr, &Hca::ForkChild); });
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_instance) return *g_instance;
+  std::shared_ptr<Hca> hca(new Hca());
+  if (!hca->Start(err)) return nullptr;
+  // Never destroyed: the progress thread may still run while the process exits.
+  g_instance = new std::shared_ptr<Hca>(hca);
+  static bool registered = false;
+  if (!registered) {
+    registered = true;
+    atexit([] {
+      std::lock_guard<std::mutex> lk(g_mu);
+      if (g_instance) (*g_instance)->slots_.~SlotRegistry();
+    });
+  }
+  return hca;
+}
+
+void Hca::ForkChild() {
+  // The child has none of the parent's threads; it must not touch the parent's connections or
+  // slot. Its next ibv_open_device builds a fresh HCA (rdma-core likewise needs a new context).
+  if (!g_instance) return;
+  (*g_instance)->AbandonAfterFork();
+  g_instance = nullptr;  // the old HCA is leaked on purpose
+  new (&g_mu) std::mutex();
+}
+
+void Hca::AbandonAfterFork() {
+  if (endpoint_) endpoint_.release()->Abandon();
+  slots_.ForgetAfterFork();
+}
+
+Hca::~Hca() = default;
+
+bool Hca::Start(std::string* err) {
+  endpoint_ = link::Endpoint::Start(*this, link::NodeId{}, err);
+  if (!endpoint_) return false;
+  ips_ = LocalIpv4Addresses();
+  if (!slots_.Claim(endpoint_->port(), ips_, err)) return false;
+  for (uint32_t ip : ips_) gids_.push_back(MakeGid({ip, endpoint_->port(), slots_.slot()}));
+  link::NodeId id;
+  std::memcpy(id.bytes, gids_[0].raw, sizeof id.bytes);
+  endpoint_->SetIdentity(id);
+  // EUI-64 style: a locally administered OUI, then the slot and the endpoint's port.
+  node_guid_ = 0x02534f46ff000000ull | (uint64_t{slots_.slot()} << 16) | endpoint_->port();
+  return true;
+}
+
+std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err) {
+  std::unique_lock<std::shared_mutex> g(qp_mu_);
+  if (qps_.size() >= kMaxQp) {
+    *err = ENOMEM;
+    return nullptr;
+  }
+  uint32_t idx = next_qp_index_;
+  for (;;) {
+    uint32_t qpn = (uint32_t{slots_.slot()} << kQpIndexBits) | idx;
+    if (!qps_.count(qpn)) break;
+    idx = idx % kMaxQp + 1;
+  }
+  next_qp_index_ = idx % kMaxQp + 1;
+  uint32_t qpn = (uint32_t{slots_.slot()} << kQpIndexBits) | idx;
+  auto qp = std::make_shared<Qp>(ctx, qpn, init);
+  qps_.emplace(qpn, qp);
+  return qp;
+}
+
+void Hca::RemoveQp(uint32_t qpn) {
+  std::shared_ptr<Qp> keep;  // destroyed outside the lock
+  {
+    std::unique_lock<std::shared_mutex> g(qp_mu_);
+    auto it = qps_.find(qpn);
+    if (it == qps_.end()) return;
+    keep = std::move(it->second);
+    qps_.erase(it);
+  }
+  std::lock_guard<std::mutex> g(timer_mu_);
+  timer_qps_.erase(keep);
+}
+
+std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
+  std::shared_lock<std::shared_mutex> g(qp_mu_);
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn) {
+  if (attr.is_global) {
+    if (auto f = ParseGid(attr.grh.dgid)) {
+      bool mine = f->port == endpoint_->port() &&
+                  (f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end());
+      if (mine) return endpoint_->Loopback();
+      return endpoint_->Connect(link::PeerAddr{f->ip, f->port});
+    }
+  }
+  uint32_t slot = attr.dlid ? attr.dlid : qpn >> kQpIndexBits;
+  if (slot == slots_.slot()) return endpoint_->Loopback();
+  auto addr = slots_.Lookup(static_cast<uint16_t>(slot));
+  if (!addr) return nullptr;
+  return endpoint_->Connect(*addr);
+}
+
+void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {
+  {
+    std::lock_guard<std::mutex> g(timer_mu_);
+    timer_qps_.insert(qp);
+  }
+  endpoint_->Wake();
+}
+
+void Hca::QueueAck(const std::shared_ptr<Qp>& qp) { ack_qps_.push_back(qp); }
+
+void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
+                        uint32_t payload_len, link::RxTarget& t) {
+  // Structural checks: the headers the opcode promises are exactly what arrived.
+  if (hdr_len < sizeof(wire::Lrh) + sizeof(wire::Bth)) {
+    ++malformed_;
+    return ch.Abort();
+  }
+  Packet p{};
+  p.lrh = reinterpret_cast<const wire::Lrh*>(hdr);
+  size_t at = sizeof(wire::Lrh);
+  if (p.lrh->has_grh()) {
+    if (hdr_len < at + sizeof(wire::Grh) + sizeof(wire::Bth)) {
+      ++malformed_;
+      return ch.Abort();
+    }
+    p.grh = reinterpret_cast<const wire::Grh*>(hdr + at);
+    at += sizeof(wire::Grh);
+  }
+  p.bth = reinterpret_cast<const wire::Bth*>(hdr + at);
+  p.info = &Opcode(p.bth->opcode);
+  p.payload_len = payload_len;
+  if (!p.info->valid() || at + p.info->length != hdr_len ||
+      (payload_len > 0 && !p.info->has(kHasPayload))) {
+    ++malformed_;
+    return ch.Abort();
+  }
+  std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
+  if (!qp) return;  // like a real HCA: frames for unknown QPs vanish
+  t.hold = qp;
+  qp->RxHeader(ch, p, t);
+}
+
+void Hca::OnFrameEnd(link::Channel& ch, link::RxTarget& t) {
+  if (t.hold) static_cast<Qp*>(t.hold.get())->RxEnd(ch, t);
+}
+
+void Hca::OnFrameAbort(link::Channel&, link::RxTarget& t) {
+  if (t.hold) static_cast<Qp*>(t.hold.get())->RxAbort(t);
+}
+
+void Hca::OnChannelClosed(link::Channel& ch) {
+  std::vector<std::shared_ptr<Qp>> all;
+  {
+    std::shared_lock<std::shared_mutex> g(qp_mu_);
+    all.reserve(qps_.size());
+    for (auto& [qpn, qp] : qps_) all.push_back(qp);
+  }
+  for (auto& qp : all) qp->OnChannelClosed(ch);
+}
+
+void Hca::OnBatchEnd() {
+  if (ack_qps_.empty()) return;
+  std::vector<std::shared_ptr<Qp>> batch;
+  batch.swap(ack_qps_);
+  for (auto& qp : batch) qp->FlushAck();
+}
+
+int64_t Hca::OnTimers(int64_t now) {
+  std::vector<std::shared_ptr<Qp>> armed;
+  {
+    std::lock_guard<std::mutex> g(timer_mu_);
+    if (timer_qps_.empty()) return INT64_MAX;
+    armed.assign(timer_qps_.begin(), timer_qps_.end());
+  }
+  int64_t next = INT64_MAX;
+  for (auto& qp : armed) {
+    int64_t d = qp->OnTimer(now);
+    if (d < next) next = d;
+  }
+  return next;
+}
+
+void Hca::DisarmTimer(Qp* qp) {
+  std::lock_guard<std::mutex> g(timer_mu_);
+  for (auto it = timer_qps_.begin(); it != timer_qps_.end(); ++it) {
+    if (it->get() == qp) {
+      timer_qps_.erase(it);
+      return;
+    }
+  }
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,86 @@
+// The software HCA of this process: identity (slot, LID, GIDs), the QP and MR tables shared by
+// every opened context, and the FrameSink that routes inbound frames to QPs. One per process; a
+// fork()ed child gets a fresh one on its next open.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/addressing.h"
+#include "core/mr.h"
+#include "core/qp.h"
+#include "link/endpoint.h"
+
+namespace softrdma::core {
+
+class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hca> {
+ public:
+  // The process's HCA, created on first use. nullptr (and *err) when the endpoint cannot start.
+  static std::shared_ptr<Hca> Get(std::string* err);
+  ~Hca() override;
+
+  uint16_t lid() const { return slots_.slot(); }
+  const std::vector<ibv_gid>& gids() const { return gids_; }
+  uint64_t node_guid() const { return node_guid_; }
+  MrTable& mrs() { return mrs_; }
+  uint32_t NewPdHandle() { return ++pd_handles_; }
+
+  std::shared_ptr<Qp> CreateQp(Context& ctx, const Qp::Init& init, int* err);
+  void RemoveQp(uint32_t qpn);
+  std::shared_ptr<Qp> FindQp(uint32_t qpn);
+
+  // Finds the channel that reaches the node addressed by `attr` (and `qpn` when no GRH/LID).
+  std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn);
+
+  // Progress-thread services for QPs.
+  void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread
+  void QueueAck(const std::shared_ptr<Qp>& qp);  // progress thread
+  void DisarmTimer(Qp* qp);  // caller holds the QP's lock
+
+  // FrameSink.
+  void OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
+                     link::RxTarget& t) override;
+  void OnFrameEnd(link::Channel& ch, link::RxTarget& t) override;
+  void OnFrameAbort(link::Channel& ch, link::RxTarget& t) override;
+  void OnChannelClosed(link::Channel& ch) override;
+  void OnBatchEnd() override;
+  int64_t OnTimers(int64_t now_ns) override;
+
+  // Frames dropped because they were malformed (diagnostics and tests).
+  uint64_t malformed_frames() const { return malformed_.load(); }
+
+ private:
+  Hca() = default;
+  bool Start(std::string* err);
+  void AbandonAfterFork();
+  static void ForkChild();
+
+  SlotRegistry slots_;
+  std::vector<uint32_t> ips_;
+  std::vector<ibv_gid> gids_;
+  uint64_t node_guid_ = 0;
+  std::unique_ptr<link::Endpoint> endpoint_;
+  MrTable mrs_;
+  std::atomic<uint32_t> pd_handles_{0};
+
+  std::shared_mutex qp_mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
+  uint32_t next_qp_index_ = 1;
+
+  std::mutex timer_mu_;
+  std::set<std::shared_ptr<Qp>> timer_qps_;
+  std::vector<std::shared_ptr<Qp>> ack_qps_;  // progress thread only
+  std::atomic<uint64_t> malformed_{0};
+};
+
+}  // namespace softrdma::core

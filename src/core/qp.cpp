@@ -1,0 +1,471 @@
+// QP control path: creation, the state machine, posting, and error/flush handling.
+#include "core/qp.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/context.h"
+#include "core/cq.h"
+#include "core/hca.h"
+#include "core/limits.h"
+#include "core/qp_internal.h"
+#include "core/qp_state_table.h"
+
+namespace softrdma::core {
+
+Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
+    : ctx_(ctx),
+      hca_(ctx.hca()),
+      qpn_(qpn),
+      type_(init.type),
+      pd_(init.pd),
+      send_cq_(init.send_cq),
+      recv_cq_(init.recv_cq),
+      srq_(init.srq),
+      cap_(init.cap),
+      sq_sig_all_(init.sq_sig_all),
+      user_handle_(init.user_handle) {
+  uint32_t depth = cap_.max_send_wr ? cap_.max_send_wr : 1;
+  sq_.resize(depth);
+  uint32_t sges = cap_.max_send_sge ? cap_.max_send_sge : 1;
+  sge_pool_.resize(size_t{depth} * sges);
+  inline_pool_.resize(size_t{depth} * cap_.max_inline_data);
+  for (uint32_t i = 0; i < depth; ++i) {
+    sq_[i].sge = &sge_pool_[size_t{i} * sges];
+    sq_[i].inline_buf = cap_.max_inline_data ? &inline_pool_[size_t{i} * cap_.max_inline_data]
+                                             : nullptr;
+  }
+  if (!srq_) rq_ = std::make_unique<RecvQueue>(cap_.max_recv_wr ? cap_.max_recv_wr : 1,
+                                               cap_.max_recv_sge ? cap_.max_recv_sge : 1);
+  attr_.qp_state = IBV_QPS_RESET;
+  attr_.port_num = kPortNum;
+  attr_.path_mtu = IBV_MTU_4096;
+}
+
+Qp::~Qp() = default;
+
+void Qp::SetStateLocked(ibv_qp_state s) {
+  state_ = s;
+  attr_.qp_state = s;
+  if (user_handle_) user_handle_->state = s;
+}
+
+void Qp::RaiseAsync(ibv_event_type type) {
+  ibv_async_event e{};
+  e.element.qp = user_handle_;
+  e.event_type = type;
+  ctx_.RaiseAsync(e);
+}
+
+void Qp::PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (cq) cq->Push(wc, solicited);
+}
+
+namespace {
+
+bool ValidAccess(int flags) {
+  constexpr int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND |
+                         IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |
+                         IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING;
+  return (flags & ~kKnown) == 0;
+}
+
+}  // namespace
+
+int Qp::ApplyAttrs(const ibv_qp_attr& a, int mask) {
+  if ((mask & IBV_QP_PORT) && a.port_num != kPortNum) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) && !ValidAccess(a.qp_access_flags)) return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096))
+    return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > wire::kQpnMask) return EINVAL;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr& ah = a.ah_attr;
+    if (ah.is_global && ah.grh.sgid_index >= hca_.gids().size()) return EINVAL;
+    if (ah.port_num != 0 && ah.port_num != kPortNum) return EINVAL;
+  }
+
+  if (mask & IBV_QP_CUR_STATE) attr_.cur_qp_state = a.cur_qp_state;
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) attr_.en_sqd_async_notify = a.en_sqd_async_notify;
+  if (mask & IBV_QP_ACCESS_FLAGS) attr_.qp_access_flags = a.qp_access_flags;
+  if (mask & IBV_QP_PKEY_INDEX) attr_.pkey_index = a.pkey_index;
+  if (mask & IBV_QP_PORT) attr_.port_num = a.port_num;
+  if (mask & IBV_QP_QKEY) attr_.qkey = a.qkey;
+  if (mask & IBV_QP_PATH_MTU) attr_.path_mtu = a.path_mtu;
+  if (mask & IBV_QP_TIMEOUT) attr_.timeout = a.timeout;
+  if (mask & IBV_QP_RETRY_CNT) {
+    attr_.retry_cnt = a.retry_cnt;
+    retry_left_ = a.retry_cnt;
+  }
+  if (mask & IBV_QP_RNR_RETRY) {
+    attr_.rnr_retry = a.rnr_retry;
+    rnr_left_ = a.rnr_retry;
+  }
+  if (mask & IBV_QP_RQ_PSN) {
+    attr_.rq_psn = a.rq_psn & wire::kPsnMask;
+    rq_psn_ = attr_.rq_psn;
+  }
+  if (mask & IBV_QP_SQ_PSN) {
+    attr_.sq_psn = a.sq_psn & wire::kPsnMask;
+    sq_psn_ = attr_.sq_psn;
+  }
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) attr_.max_rd_atomic = a.max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) attr_.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) attr_.min_rnr_timer = a.min_rnr_timer;
+  if (mask & IBV_QP_PATH_MIG_STATE) attr_.path_mig_state = a.path_mig_state;
+  if (mask & IBV_QP_ALT_PATH) {
+    attr_.alt_ah_attr = a.alt_ah_attr;
+    attr_.alt_pkey_index = a.alt_pkey_index;
+    attr_.alt_port_num = a.alt_port_num;
+    attr_.alt_timeout = a.alt_timeout;
+  }
+  if (mask & IBV_QP_DEST_QPN) attr_.dest_qp_num = a.dest_qp_num;
+  if (mask & IBV_QP_AV) {
+    attr_.ah_attr = a.ah_attr;
+    av_.attr = a.ah_attr;
+    uint32_t dqpn = (mask & IBV_QP_DEST_QPN) ? a.dest_qp_num : attr_.dest_qp_num;
+    av_.channel = hca_.Resolve(a.ah_attr, dqpn);
+  }
+  return 0;
+}
+
+int Qp::Modify(const ibv_qp_attr& attr, int mask) {
+  std::lock_guard<std::mutex> g(mu_);
+  ibv_qp_state cur = state_;
+  ibv_qp_state next = (mask & IBV_QP_STATE) ? attr.qp_state : cur;
+  int r = CheckQpTransition(type_, cur, next, mask, attr.cur_qp_state);
+  if (r) return r;
+  r = ApplyAttrs(attr, mask);
+  if (r) return r;
+  if (next == cur && next != IBV_QPS_ERR && next != IBV_QPS_RESET) {
+    if (next == IBV_QPS_RTS) RunRequesterLocked();
+    return 0;
+  }
+  switch (next) {
+    case IBV_QPS_RESET:
+      ResetLocked();
+      SetStateLocked(IBV_QPS_RESET);
+      break;
+    case IBV_QPS_ERR:
+      EnterErrorLocked();
+      break;
+    case IBV_QPS_SQD:
+      SetStateLocked(IBV_QPS_SQD);
+      drained_event_pending_ = attr_.en_sqd_async_notify != 0;
+      if (drained_event_pending_ && head_ == next_) {
+        drained_event_pending_ = false;
+        RaiseAsync(IBV_EVENT_SQ_DRAINED);
+      }
+      break;
+    default:
+      SetStateLocked(next);
+      if (next == IBV_QPS_RTS) RunRequesterLocked();
+      break;
+  }
+  return 0;
+}
+
+int Qp::Query(ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* init) {
+  std::lock_guard<std::mutex> g(mu_);
+  *attr = attr_;
+  attr->qp_state = state_;
+  attr->cur_qp_state = state_;
+  attr->rq_psn = rq_psn_;
+  attr->sq_psn = sq_psn_;
+  attr->cap = cap_;
+  attr->sq_draining = state_ == IBV_QPS_SQD && head_ != next_;
+  if (init) {
+    *init = ibv_qp_init_attr{};
+    init->qp_type = type_;
+    init->cap = cap_;
+    init->sq_sig_all = sq_sig_all_;
+    if (user_handle_) {
+      init->qp_context = user_handle_->qp_context;
+      init->send_cq = user_handle_->send_cq;
+      init->recv_cq = user_handle_->recv_cq;
+      init->srq = user_handle_->srq;
+    }
+  }
+  return 0;
+}
+
+void Qp::ResetLocked() {
+  head_ = next_ = tail_ = 0;
+  rd_outstanding_ = 0;
+  retransmit_deadline_ = INT64_MAX;
+  rnr_resume_at_ = 0;
+  if (rq_) rq_->Drain();
+  rq_psn_ = sq_psn_ = msn_ = 0;
+  rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
+  ack_channel_.reset();
+  av_ = AddressVector{};
+  ibv_qp_attr fresh{};
+  fresh.port_num = kPortNum;
+  fresh.path_mtu = IBV_MTU_4096;
+  attr_ = fresh;
+}
+
+void Qp::EnterErrorLocked() {
+  bool was_error = state_ == IBV_QPS_ERR;
+  SetStateLocked(IBV_QPS_ERR);
+  for (uint64_t i = head_; i < tail_; ++i) {
+    SendWqe& w = sq_[i % sq_.size()];
+    if (!w.done) {
+      w.done = true;
+      w.status = IBV_WC_WR_FLUSH_ERR;
+    }
+  }
+  if (next_ < tail_) next_ = tail_;
+  RetireLocked();
+  rd_outstanding_ = 0;
+  retransmit_deadline_ = INT64_MAX;
+  rnr_resume_at_ = 0;
+  ack_pending_ = false;
+  if (rq_) {
+    for (const RecvWqe& r : rq_->Drain()) {
+      ibv_wc wc{};
+      wc.wr_id = r.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = qpn_;
+      PushCompletionLocked(recv_cq_, wc, false);
+    }
+  } else if (!was_error && srq_) {
+    RaiseAsync(IBV_EVENT_QP_LAST_WQE_REACHED);
+  }
+}
+
+namespace {
+
+struct WrOpRule {
+  bool rc, uc, ud;
+};
+
+// Which work-request opcodes each transport accepts (IBTA 10.7.3 / ibv_post_send(3)).
+WrOpRule RuleFor(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return {true, true, true};
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return {true, true, false};
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return {true, false, false};
+    default:
+      return {false, false, false};
+  }
+}
+
+}  // namespace
+
+int Qp::ValidateWr(const ibv_send_wr& wr) const {
+  WrOpRule rule = RuleFor(wr.opcode);
+  bool ok = (type_ == IBV_QPT_RC && rule.rc) || (type_ == IBV_QPT_UC && rule.uc) ||
+            (type_ == IBV_QPT_UD && rule.ud);
+  if (!ok) return EINVAL;
+  if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_send_sge) return EINVAL;
+  if (wr.num_sge > 0 && !wr.sg_list) return EINVAL;
+  if (type_ == IBV_QPT_UD && !wr.wr.ud.ah) return EINVAL;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    if (wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+        wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+      return EINVAL;
+    uint64_t len = 0;
+    for (int i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
+    if (len > cap_.max_inline_data) return EINVAL;
+  }
+  return 0;
+}
+
+int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (shut_down_ || state_ == IBV_QPS_RESET || state_ == IBV_QPS_INIT || state_ == IBV_QPS_RTR) {
+    *bad = wr;
+    return EINVAL;
+  }
+  for (; wr; wr = wr->next) {
+    int r = ValidateWr(*wr);
+    if (r) {
+      *bad = wr;
+      return r;
+    }
+    if (tail_ - head_ == sq_.size()) {
+      *bad = wr;
+      return ENOMEM;
+    }
+    SendWqe& w = sq_[tail_ % sq_.size()];
+    w.wr_id = wr->wr_id;
+    w.opcode = wr->opcode;
+    w.send_flags = wr->send_flags;
+    w.imm_or_rkey = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : wr->imm_data;
+    w.ah = nullptr;
+    w.remote_addr = w.rkey = 0;
+    w.compare_add = w.swap = 0;
+    switch (wr->opcode) {
+      case IBV_WR_RDMA_WRITE:
+      case IBV_WR_RDMA_WRITE_WITH_IMM:
+      case IBV_WR_RDMA_READ:
+        w.remote_addr = wr->wr.rdma.remote_addr;
+        w.rkey = wr->wr.rdma.rkey;
+        break;
+      case IBV_WR_ATOMIC_CMP_AND_SWP:
+      case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        w.remote_addr = wr->wr.atomic.remote_addr;
+        w.rkey = wr->wr.atomic.rkey;
+        w.compare_add = wr->wr.atomic.compare_add;
+        w.swap = wr->wr.atomic.swap;
+        break;
+      default:
+        break;
+    }
+    if (type_ == IBV_QPT_UD) {
+      w.ah = Ah::From(wr->wr.ud.ah);
+      w.remote_qpn = wr->wr.ud.remote_qpn;
+      w.remote_qkey = wr->wr.ud.remote_qkey;
+    }
+    w.length = 0;
+    if (wr->send_flags & IBV_SEND_INLINE) {
+      // Inline data is copied now: the caller may reuse its buffers as soon as we return.
+      for (int i = 0; i < wr->num_sge; ++i) {
+        const ibv_sge& s = wr->sg_list[i];
+        std::memcpy(w.inline_buf + w.length, reinterpret_cast<const void*>(s.addr), s.length);
+        w.length += s.length;
+      }
+      w.num_sge = 0;
+    } else {
+      w.num_sge = static_cast<uint32_t>(wr->num_sge);
+      for (int i = 0; i < wr->num_sge; ++i) {
+        w.sge[i] = wr->sg_list[i];
+        w.length += wr->sg_list[i].length;
+      }
+    }
+    w.sent = w.done = false;
+    w.status = IBV_WC_SUCCESS;
+    w.psn = 0;
+    ++tail_;
+    if (state_ == IBV_QPS_ERR) {
+      w.done = true;
+      w.status = IBV_WC_WR_FLUSH_ERR;
+      next_ = tail_;
+      RetireLocked();
+    }
+  }
+  RunRequesterLocked();
+  return 0;
+}
+
+int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
+  if (srq_ || !rq_) {
+    *bad = wr;
+    return EINVAL;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  if (shut_down_ || state_ == IBV_QPS_RESET) {
+    *bad = wr;
+    return EINVAL;
+  }
+  int r = rq_->Post(wr, bad);
+  if (state_ == IBV_QPS_ERR) {
+    for (const RecvWqe& w : rq_->Drain()) {
+      ibv_wc wc{};
+      wc.wr_id = w.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = qpn_;
+      PushCompletionLocked(recv_cq_, wc, false);
+    }
+  }
+  return r;
+}
+
+void Qp::Shutdown() {
+  std::unique_lock<std::mutex> g(mu_);
+  shut_down_ = true;
+  // Inbound frames already writing into this QP's buffers finish before the caller frees them.
+  for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {
+    g.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    g.lock();
+  }
+  g.unlock();
+  hca_.RemoveQp(qpn_);
+}
+
+void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
+  std::lock_guard<std::mutex> g(mu_);
+  RxWork& w = WorkOf(t);
+  w = RxWork{};
+  w.kind = RxWork::kDrop;
+  w.nak = RxWork::kNoNak;
+  if (shut_down_) return;
+  ++rx_active_;
+  w.is_response = p.info->mask & kIsResponse;
+  if (w.is_response)
+    RxResponseHeader(ch, p, t);
+  else if (type_ == IBV_QPT_UD)
+    RxUdHeader(p, t);
+  else
+    RxRequestHeader(ch, p, t);
+}
+
+void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
+  std::lock_guard<std::mutex> g(mu_);
+  RxWork& w = WorkOf(t);
+  if (rx_active_ == 0) return;  // the header was refused before counting
+  --rx_active_;
+  if (shut_down_) return;
+  if (w.is_response)
+    RxResponseEnd(w);
+  else
+    RxRequestEnd(ch, w);
+}
+
+void Qp::RxAbort(link::RxTarget& t) {
+  std::lock_guard<std::mutex> g(mu_);
+  (void)t;
+  if (rx_active_ > 0) --rx_active_;
+}
+
+void Qp::OnChannelClosed(link::Channel& ch) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (ack_channel_.get() == &ch) ack_channel_.reset();
+  if (av_.channel.get() != &ch) return;
+  av_.channel.reset();
+  if (type_ == IBV_QPT_RC && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
+    FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
+}
+
+int64_t Qp::OnTimer(int64_t now) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (shut_down_) {
+    timer_registered_ = false;
+    hca_.DisarmTimer(this);
+    return INT64_MAX;
+  }
+  if (rnr_resume_at_ != 0 && now >= rnr_resume_at_) {
+    rnr_resume_at_ = 0;
+    RunRequesterLocked();
+  }
+  int64_t next = RetransmitTimerLocked(now);
+  if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
+  if (next == INT64_MAX && timer_registered_) {
+    timer_registered_ = false;
+    hca_.DisarmTimer(this);
+  }
+  return next;
+}
+
+}  // namespace softrdma::core

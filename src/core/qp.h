@@ -1,0 +1,200 @@
+// A queue pair: its state machine, its send and receive queues, and the three engines that move
+// its messages (rxe's split): the requester turns send WQEs into request frames, the responder
+// executes inbound requests and acknowledges them, the completer retires send WQEs on responses.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/opcode.h"
+#include "core/recv_queue.h"
+#include "core/wire.h"
+#include "link/link.h"
+
+namespace softrdma::core {
+
+class Context;
+class Cq;
+class Hca;
+struct Pd;
+
+// A resolved destination: the channel that reaches it plus what GRH/LRH fields to put on frames.
+struct AddressVector {
+  std::shared_ptr<link::Channel> channel;
+  ibv_ah_attr attr{};
+};
+
+// An address handle; the public struct comes first so an ibv_ah* converts back with one cast.
+struct Ah {
+  ibv_ah ibv;
+  const Pd* pd;
+  AddressVector av;
+  static const Ah* From(const ibv_ah* ah) { return reinterpret_cast<const Ah*>(ah); }
+};
+
+// A parsed inbound frame; pointers are valid only during OnFrameHeader.
+struct Packet {
+  const wire::Lrh* lrh;
+  const wire::Grh* grh;  // null when the frame carries none
+  const wire::Bth* bth;
+  const OpInfo* info;
+  uint32_t payload_len;
+  template <typename T>
+  const T* ext(uint8_t offset) const {
+    return reinterpret_cast<const T*>(reinterpret_cast<const uint8_t*>(bth) + offset);
+  }
+};
+
+struct SendWqe {
+  uint64_t wr_id;
+  ibv_wr_opcode opcode;
+  unsigned send_flags;
+  uint32_t imm_or_rkey;  // imm_data (network order) or invalidate_rkey
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint64_t compare_add, swap;
+  const Ah* ah;
+  uint32_t remote_qpn, remote_qkey;
+  uint32_t num_sge;
+  ibv_sge* sge;         // this WQE's slice of the QP's SGE pool
+  uint8_t* inline_buf;  // this WQE's slice of the inline pool, when IBV_SEND_INLINE
+  uint32_t length;      // payload bytes (sum of SGEs or inline length)
+  uint32_t psn;
+  bool sent, done;
+  ibv_wc_status status;
+};
+
+class Qp : public std::enable_shared_from_this<Qp> {
+ public:
+  struct Init {
+    ibv_qp_type type;
+    const Pd* pd;
+    Cq* send_cq;
+    Cq* recv_cq;
+    Srq* srq;
+    ibv_qp_cap cap;
+    bool sq_sig_all;
+    ibv_qp* user_handle;
+  };
+
+  Qp(Context& ctx, uint32_t qpn, const Init& init);
+  ~Qp();
+
+  uint32_t qpn() const { return qpn_; }
+  ibv_qp_type type() const { return type_; }
+  const ibv_qp_cap& cap() const { return cap_; }
+  Context& context() const { return ctx_; }
+
+  // Control path (application threads).
+  int Modify(const ibv_qp_attr& attr, int mask);
+  int Query(ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
+  int PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad);
+  int PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
+  // Waits for inbound frames that target the QP to finish, then detaches it from the HCA.
+  void Shutdown();
+
+  // Inbound frames (progress thread). RxHeader fills `t` with where the payload goes.
+  void RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
+  void RxEnd(link::Channel& ch, link::RxTarget& t);
+  void RxAbort(link::RxTarget& t);
+  void OnChannelClosed(link::Channel& ch);
+  void FlushAck();
+  // Runs expired timers; returns the next deadline or INT64_MAX.
+  int64_t OnTimer(int64_t now_ns);
+
+  struct RxWork;  // per-inbound-frame state, qp_internal.h
+
+ private:
+  // qp.cpp: state machine and queues.
+  int ApplyAttrs(const ibv_qp_attr& attr, int mask);
+  void EnterErrorLocked();
+  void ResetLocked();
+  void SetStateLocked(ibv_qp_state s);
+  int ValidateWr(const ibv_send_wr& wr) const;
+  void PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited);
+  void RaiseAsync(ibv_event_type type);
+
+  // requester.cpp
+  void RunRequesterLocked();
+  ibv_wc_status SendWqeLocked(SendWqe& w);
+  uint8_t* BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited, uint32_t dqpn,
+                         uint32_t psn, const AddressVector* ud_av);
+  void ArmRetransmitLocked();
+
+  // completer.cpp
+  void RxResponseHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
+  void RxResponseEnd(RxWork& w);
+  void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
+  void RetireLocked();
+  void AckUpToLocked(size_t idx_exclusive);
+  void FailHeadLocked(size_t idx, ibv_wc_status st);
+  int64_t RetransmitTimerLocked(int64_t now);
+
+  // responder.cpp
+  void RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
+  void RxRequestEnd(link::Channel& ch, RxWork& w);
+  void RxUdHeader(const Packet& p, link::RxTarget& t);
+  bool TakeRecvLocked(RecvWqe* out);
+  void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
+  void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
+  void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
+  void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
+
+  Context& ctx_;
+  Hca& hca_;
+  const uint32_t qpn_;
+  const ibv_qp_type type_;
+  const Pd* pd_;
+  Cq* send_cq_;
+  Cq* recv_cq_;
+  Srq* srq_;
+  ibv_qp_cap cap_;
+  const bool sq_sig_all_;
+  ibv_qp* user_handle_;
+
+  std::mutex mu_;
+  ibv_qp_state state_ = IBV_QPS_RESET;
+  ibv_qp_attr attr_{};  // as last set by ibv_modify_qp
+  AddressVector av_;    // connected peer (RC/UC)
+  bool shut_down_ = false;
+  int rx_active_ = 0;  // inbound frames between header and end
+
+  // Send queue: WQEs [head_, next_) are sent and wait for responses, [next_, tail_) wait to be
+  // sent. Indices grow forever; the slot is index % depth.
+  std::vector<SendWqe> sq_;
+  std::vector<ibv_sge> sge_pool_;
+  std::vector<uint8_t> inline_pool_;
+  uint64_t head_ = 0, next_ = 0, tail_ = 0;
+  uint32_t sq_psn_ = 0;
+  uint32_t rd_outstanding_ = 0;
+  int retry_left_ = 0, rnr_left_ = 0;
+  int64_t retransmit_deadline_ = INT64_MAX;
+  int64_t rnr_resume_at_ = 0;  // non-zero while waiting out an RNR NAK
+  bool drained_event_pending_ = false;
+  bool timer_registered_ = false;
+  friend class Hca;
+
+  // Receive side.
+  std::unique_ptr<RecvQueue> rq_;
+  uint32_t rq_psn_ = 0;
+  uint32_t msn_ = 0;
+  bool rnr_nak_outstanding_ = false;
+  bool seq_nak_sent_ = false;
+  bool comm_est_raised_ = false;
+  bool ack_pending_ = false;
+  uint32_t ack_psn_ = 0;
+  std::shared_ptr<link::Channel> ack_channel_;
+  struct AtomicReplay {
+    uint32_t psn;
+    uint64_t orig;
+    bool valid;
+  };
+  AtomicReplay atomic_replay_[16] = {};
+  unsigned atomic_replay_next_ = 0;
+};
+
+}  // namespace softrdma::core

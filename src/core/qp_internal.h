@@ -1,0 +1,39 @@
+// Per-frame state the engines keep between a frame's header and its end. It lives in the link's
+// RxTarget scratch area, so an inbound frame costs no allocation.
+#pragma once
+
+#include <cstring>
+#include <type_traits>
+
+#include "core/qp.h"
+
+namespace softrdma::core {
+
+struct Qp::RxWork {
+  enum Kind : uint8_t { kDrop, kRecv, kWrite, kReadResponse, kAtomicResponse };
+  Kind kind;
+  bool solicited;
+  bool has_recv;
+  bool is_response;
+  ibv_wc_opcode wc_opcode;
+  ibv_wc_status recv_status;
+  uint8_t nak;  // kNoNak or the AETH NAK code to send at the end
+  uint32_t psn;
+  uint32_t imm;
+  uint32_t wc_flags;
+  uint32_t byte_len;
+  uint32_t src_qp;
+  uint16_t slid;
+  uint8_t sl;
+  uint64_t wr_id;
+  uint64_t wqe_index;
+  static constexpr uint8_t kNoNak = 0xff;
+};
+
+inline Qp::RxWork& WorkOf(link::RxTarget& t) {
+  static_assert(std::is_trivially_copyable_v<Qp::RxWork>);
+  static_assert(sizeof(Qp::RxWork) <= sizeof(t.scratch));
+  return *reinterpret_cast<Qp::RxWork*>(t.scratch);
+}
+
+}  // namespace softrdma::core

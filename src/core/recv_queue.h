@@ -1,0 +1,62 @@
+// Receive work queues: a QP's own RQ, or a shared receive queue (SRQ) many QPs draw from.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace softrdma::core {
+
+class Context;
+struct Pd;
+
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  ibv_sge sge[32];
+};
+
+class RecvQueue {
+ public:
+  RecvQueue(uint32_t max_wr, uint32_t max_sge) : max_sge_(max_sge), ring_(max_wr) {}
+
+  // ibv_post_recv semantics: EINVAL for too many SGEs, ENOMEM when full; *bad names the first
+  // request not queued.
+  int Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
+  bool Pop(RecvWqe* out);
+  // Takes every queued WQE (for flushing).
+  std::vector<RecvWqe> Drain();
+  uint32_t size() const;
+  uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
+  uint32_t max_sge() const { return max_sge_; }
+
+ protected:
+  mutable std::mutex mu_;
+  uint32_t max_sge_;
+  std::vector<RecvWqe> ring_;
+  size_t head_ = 0, count_ = 0;
+};
+
+class Srq : public RecvQueue {
+ public:
+  Srq(Context& ctx, const Pd* pd, uint32_t max_wr, uint32_t max_sge, void* user_handle)
+      : RecvQueue(max_wr, max_sge), ctx_(ctx), pd_(pd), user_handle_(user_handle) {}
+
+  // Pops and raises IBV_EVENT_SRQ_LIMIT_REACHED when the armed limit is crossed.
+  bool PopForQp(RecvWqe* out);
+  int Modify(const ibv_srq_attr& attr, int mask);
+  void Query(ibv_srq_attr* attr) const;
+  const Pd* pd() const { return pd_; }
+  void* user_handle() const { return user_handle_; }
+  Context& context() const { return ctx_; }
+
+ private:
+  Context& ctx_;
+  const Pd* pd_;
+  void* user_handle_;
+  uint32_t limit_ = 0;  // 0 = disarmed
+};
+
+}  // namespace softrdma::core

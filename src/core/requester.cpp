@@ -1,0 +1,211 @@
+// The requester: turns send WQEs into request frames, in order, honouring fences, the
+// outstanding read/atomic budget and RNR back-off. Runs inline in ibv_post_send and again from the
+// completer when a response frees the way.
+#include <algorithm>
+
+#include "core/context.h"
+#include "core/cq.h"
+#include "core/hca.h"
+#include "core/limits.h"
+#include "core/qp.h"
+
+namespace softrdma::core {
+namespace {
+
+struct WrMapping {
+  uint8_t bth_op;  // without the transport bits
+  bool read_or_atomic;
+};
+
+WrMapping MapWr(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND: return {op::kSendOnly, false};
+    case IBV_WR_SEND_WITH_IMM: return {op::kSendOnlyImm, false};
+    case IBV_WR_SEND_WITH_INV: return {op::kSendOnlyInv, false};
+    case IBV_WR_RDMA_WRITE: return {op::kWriteOnly, false};
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return {op::kWriteOnlyImm, false};
+    case IBV_WR_RDMA_READ: return {op::kReadRequest, true};
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return {op::kCompareSwap, true};
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return {op::kFetchAdd, true};
+    default: return {0xff, false};
+  }
+}
+
+uint8_t TransportBits(ibv_qp_type t) {
+  switch (t) {
+    case IBV_QPT_UC: return op::kUc;
+    case IBV_QPT_UD: return op::kUd;
+    default: return op::kRc;
+  }
+}
+
+// How long the requester waits for a response before it retransmits. The IBTA period is floored
+// and stretched by the bytes in flight: over TCP a large message is acknowledged only once it has
+// been fully received, so the spec's per-packet period would fire spuriously.
+int64_t RetransmitPeriodNs(uint8_t timeout, uint64_t bytes_in_flight) {
+  if (timeout == 0) return INT64_MAX;
+  int64_t spec = int64_t{4096} << std::min<int>(timeout, 31);
+  return std::max<int64_t>(spec, 20'000'000) + static_cast<int64_t>(bytes_in_flight);
+}
+
+}  // namespace
+
+uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited, uint32_t dqpn,
+                               uint32_t psn, const AddressVector* ud_av) {
+  uint8_t* p = f.hdr;
+  const ibv_ah_attr& ah = ud_av ? ud_av->attr : av_.attr;
+  auto* lrh = reinterpret_cast<wire::Lrh*>(p);
+  lrh->Set(ah.sl, ah.dlid, hca_.lid(), ud_av != nullptr);
+  p += sizeof(wire::Lrh);
+  if (ud_av) {
+    // UD receivers get a GRH in front of the data (and ibv_create_ah_from_wc reads it back).
+    const auto& gids = hca_.gids();
+    uint8_t sidx = ah.is_global && ah.grh.sgid_index < gids.size() ? ah.grh.sgid_index : 0;
+    static const uint8_t kZero[16] = {};
+    auto* grh = reinterpret_cast<wire::Grh*>(p);
+    grh->Set(ah.grh.traffic_class, ah.grh.flow_label, 0, ah.is_global ? ah.grh.hop_limit : 64,
+             gids[sidx].raw, ah.is_global ? ah.grh.dgid.raw : kZero);
+    p += sizeof(wire::Grh);
+  }
+  auto* bth = reinterpret_cast<wire::Bth*>(p);
+  bth->Set(opcode, solicited, 0xffff, dqpn, psn, type_ == IBV_QPT_RC);
+  f.hdr_len = static_cast<uint8_t>(p - f.hdr + Opcode(opcode).length);
+  return p;
+}
+
+ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
+  WrMapping m = MapWr(w.opcode);
+  uint8_t opcode = TransportBits(type_) | m.bth_op;
+  const OpInfo& info = Opcode(opcode);
+  if (!info.valid()) return IBV_WC_LOC_QP_OP_ERR;
+
+  const AddressVector* av = &av_;
+  uint32_t dqpn = attr_.dest_qp_num;
+  if (type_ == IBV_QPT_UD) {
+    av = w.ah ? &w.ah->av : nullptr;
+    dqpn = w.remote_qpn;
+    if (w.length > kMtuBytes) return IBV_WC_LOC_LEN_ERR;
+  } else if (w.length > kMaxMsgSize) {
+    return IBV_WC_LOC_LEN_ERR;
+  }
+
+  link::OutFrame f;
+  // Local memory checks happen before anything leaves: a bad lkey is the sender's error.
+  KeyCheck why;
+  if (info.has(kHasPayload)) {
+    if (w.num_sge == 0 && w.length > 0) {
+      f.AddPayload(w.inline_buf, w.length);
+    } else {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        const ibv_sge& s = w.sge[i];
+        if (s.length == 0) continue;
+        uint8_t* host = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, 0, true, &why);
+        if (!host) return IBV_WC_LOC_PROT_ERR;
+        f.AddPayload(host, s.length);
+      }
+    }
+  } else if (m.read_or_atomic) {
+    if ((info.mask & kIsAtomic) && (w.num_sge != 1 || w.sge[0].length != 8))
+      return IBV_WC_LOC_LEN_ERR;
+    for (uint32_t i = 0; i < w.num_sge; ++i) {
+      const ibv_sge& s = w.sge[i];
+      if (s.length == 0) continue;
+      if (!hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why))
+        return IBV_WC_LOC_PROT_ERR;
+    }
+  }
+
+  uint32_t psn = sq_psn_;
+  sq_psn_ = (sq_psn_ + 1) & wire::kPsnMask;
+  w.psn = psn;
+  w.sent = true;
+  if (m.read_or_atomic) ++rd_outstanding_;
+
+  if (!av || !av->channel || av->channel->closed()) {
+    // Unreliable transports lose the message silently; RC reports the dead path.
+    return type_ == IBV_QPT_RC ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
+  }
+
+  uint8_t* bth = BuildHeaderLocked(f, opcode, w.send_flags & IBV_SEND_SOLICITED, dqpn, psn,
+                                   type_ == IBV_QPT_UD ? av : nullptr);
+  if (info.has(kHasDeth)) {
+    uint32_t qkey = (w.remote_qkey & 0x80000000u) ? attr_.qkey : w.remote_qkey;
+    reinterpret_cast<wire::Deth*>(bth + info.deth)->Set(qkey, qpn_);
+  }
+  if (info.has(kHasReth))
+    reinterpret_cast<wire::Reth*>(bth + info.reth)->Set(w.remote_addr, w.rkey, w.length);
+  if (info.has(kHasAtomicEth)) {
+    bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+    reinterpret_cast<wire::AtomicEth*>(bth + info.atomic_eth)
+        ->Set(w.remote_addr, w.rkey, cas ? w.swap : w.compare_add, cas ? w.compare_add : 0);
+  }
+  if (info.has(kHasImm)) std::memcpy(bth + info.imm, &w.imm_or_rkey, 4);
+  if (info.has(kHasIeth)) reinterpret_cast<wire::Ieth*>(bth + info.ieth)->Set(w.imm_or_rkey);
+
+  f.payload_outlives_send = type_ == IBV_QPT_RC;
+  av->channel->Send(std::move(f));
+  if (type_ == IBV_QPT_RC) ArmRetransmitLocked();
+  return IBV_WC_SUCCESS;
+}
+
+void Qp::RunRequesterLocked() {
+  if (state_ != IBV_QPS_RTS || shut_down_) return;
+  while (next_ < tail_) {
+    if (rnr_resume_at_ != 0) return;
+    SendWqe& w = sq_[next_ % sq_.size()];
+    if (w.done) {
+      ++next_;
+      continue;
+    }
+    bool rd = MapWr(w.opcode).read_or_atomic;
+    if (type_ == IBV_QPT_RC) {
+      if ((w.send_flags & IBV_SEND_FENCE) && rd_outstanding_ > 0) return;
+      if (rd && rd_outstanding_ >= std::max<uint32_t>(attr_.max_rd_atomic, 1)) return;
+    }
+    uint64_t idx = next_;
+    ibv_wc_status st = SendWqeLocked(w);
+    if (st != IBV_WC_SUCCESS) {
+      FailHeadLocked(idx, st);
+      return;
+    }
+    ++next_;
+    if (type_ != IBV_QPT_RC) {
+      w.done = true;
+      RetireLocked();
+    }
+  }
+}
+
+void Qp::ArmRetransmitLocked() {
+  if (retransmit_deadline_ != INT64_MAX || attr_.timeout == 0) return;
+  uint64_t bytes = 0;
+  for (uint64_t i = head_; i < next_; ++i) bytes += sq_[i % sq_.size()].length;
+  retransmit_deadline_ = link::NowNs() + RetransmitPeriodNs(attr_.timeout, bytes);
+  if (!timer_registered_) {
+    timer_registered_ = true;
+    hca_.ArmTimer(shared_from_this());
+  }
+}
+
+int64_t Qp::RetransmitTimerLocked(int64_t now) {
+  if (type_ != IBV_QPT_RC || head_ == next_ ||
+      (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) {
+    retransmit_deadline_ = INT64_MAX;
+    return INT64_MAX;
+  }
+  if (retransmit_deadline_ == INT64_MAX || now < retransmit_deadline_) return retransmit_deadline_;
+  if (retry_left_ <= 0) {
+    FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
+    return INT64_MAX;
+  }
+  --retry_left_;
+  // Go back to the oldest unacknowledged WQE and send everything again with the same PSNs.
+  next_ = head_;
+  sq_psn_ = sq_[head_ % sq_.size()].psn;
+  rd_outstanding_ = 0;
+  retransmit_deadline_ = INT64_MAX;
+  RunRequesterLocked();
+  return retransmit_deadline_;
+}
+
+}  // namespace softrdma::core

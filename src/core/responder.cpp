@@ -1,0 +1,346 @@
+// The responder: validates and executes inbound requests (PSN, operation, receive WQE, keys,
+// bounds), places their data, and answers with ACK, NAK, RNR NAK, read responses and atomic
+// acknowledgements. Never touches memory outside a registered region.
+#include <cstring>
+
+#include "core/context.h"
+#include "core/cq.h"
+#include "core/hca.h"
+#include "core/qp.h"
+#include "core/qp_internal.h"
+
+namespace softrdma::core {
+namespace {
+
+bool ResponderActive(ibv_qp_state s) {
+  return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
+}
+
+uint8_t TransportOf(ibv_qp_type t) { return t == IBV_QPT_UC ? op::kUc : op::kRc; }
+
+}  // namespace
+
+bool Qp::TakeRecvLocked(RecvWqe* out) { return srq_ ? srq_->PopForQp(out) : rq_->Pop(out); }
+
+void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
+  link::OutFrame f;
+  uint8_t op = op::kRc | op::kAcknowledge;
+  uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
+  reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(syndrome, msn_);
+  ch.Send(std::move(f));
+}
+
+void Qp::FlushAck() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!ack_pending_ || shut_down_) return;
+  ack_pending_ = false;
+  if (ack_channel_) SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
+}
+
+void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
+  if (ack_pending_) {  // keep responses in PSN order on the wire
+    ack_pending_ = false;
+    SendAckLocked(ch, wire::aeth::kAck, ack_psn_);
+  }
+  link::OutFrame f;
+  uint8_t op = op::kRc | op::kReadResponseOnly;
+  uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
+  reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
+  if (len) f.AddPayload(src, len);
+  f.payload_outlives_send = true;  // registered memory of this process
+  ch.Send(std::move(f));
+}
+
+void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
+  if (ack_pending_) {
+    ack_pending_ = false;
+    SendAckLocked(ch, wire::aeth::kAck, ack_psn_);
+  }
+  link::OutFrame f;
+  uint8_t op = op::kRc | op::kAtomicAcknowledge;
+  uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
+  const OpInfo& info = Opcode(op);
+  reinterpret_cast<wire::Aeth*>(bth + info.aeth)->Set(wire::aeth::kAck, msn_);
+  reinterpret_cast<wire::AtomicAckEth*>(bth + info.atomic_ack)->Set(orig);
+  ch.Send(std::move(f));
+}
+
+// A request the responder cannot execute: NAK it and stop the QP (IBTA class C/D errors).
+void Qp::ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev) {
+  if (type_ != IBV_QPT_RC) return;  // UC drops silently
+  SendAckLocked(ch, wire::aeth::kNak | nak, psn);
+  EnterErrorLocked();
+  RaiseAsync(ev);
+}
+
+void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
+  RxWork& w = WorkOf(t);
+  const OpInfo& info = *p.info;
+  uint8_t opcode = p.bth->opcode;
+  if (OpTransport(opcode) != TransportOf(type_) || !ResponderActive(state_)) return;
+  if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
+    comm_est_raised_ = true;
+    RaiseAsync(IBV_EVENT_COMM_EST);
+  }
+  uint32_t psn = p.bth->psn();
+  w.psn = psn;
+  w.solicited = p.bth->solicited();
+  // softrdma sends every message as one frame; split messages are not part of its protocol.
+  if ((info.mask & kIsOnly) != kIsOnly)
+    return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+
+  if (type_ == IBV_QPT_RC) {
+    int32_t d = wire::PsnDiff(psn, rq_psn_);
+    if (d > 0) {
+      // A gap: something before was dropped (e.g. sent before this QP reached RTR). Ask once for
+      // a resend unless an RNR NAK already makes the requester rewind.
+      if (!rnr_nak_outstanding_ && !seq_nak_sent_) {
+        seq_nak_sent_ = true;
+        SendAckLocked(ch, wire::aeth::kNak | wire::aeth::kNakPsnSeqError, rq_psn_);
+      }
+      return;
+    }
+    if (d < 0) {
+      // A retransmitted request we already executed: answer again, never execute twice, except
+      // reads which are idempotent.
+      if (info.mask & kIsAtomic) {
+        for (const AtomicReplay& r : atomic_replay_)
+          if (r.valid && r.psn == psn) SendAtomicAckLocked(ch, psn, r.orig);
+        return;
+      }
+      if (!(info.mask & kIsRead)) {
+        SendAckLocked(ch, wire::aeth::kAck, (rq_psn_ - 1) & wire::kPsnMask);
+        return;
+      }
+    }
+    seq_nak_sent_ = false;
+    rnr_nak_outstanding_ = false;
+  } else {
+    rq_psn_ = psn;  // UC: no retransmission, accept what arrives
+  }
+  bool duplicate_read = type_ == IBV_QPT_RC && wire::PsnDiff(psn, rq_psn_) < 0;
+
+  if (info.mask & kConsumesRecv) {
+    RecvWqe r;
+    if (!TakeRecvLocked(&r)) {
+      if (type_ == IBV_QPT_RC) {
+        rnr_nak_outstanding_ = true;
+        SendAckLocked(ch, wire::aeth::kRnrNak | (attr_.min_rnr_timer & 0x1f), psn);
+      }
+      return;
+    }
+    w.has_recv = true;
+    w.wr_id = r.wr_id;
+    w.recv_status = IBV_WC_SUCCESS;
+    w.kind = RxWork::kRecv;
+    if (info.has(kHasImm)) {
+      std::memcpy(&w.imm, p.ext<uint8_t>(info.imm), 4);
+      w.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (info.has(kHasIeth)) {
+      w.imm = p.ext<wire::Ieth>(info.ieth)->key();
+      w.wc_flags |= IBV_WC_WITH_INV;
+    }
+    if (info.mask & kIsSend) {
+      w.wc_opcode = IBV_WC_RECV;
+      w.byte_len = p.payload_len;
+      const Pd* pd = srq_ ? srq_->pd() : pd_;
+      uint64_t room = 0;
+      KeyCheck why;
+      for (uint32_t i = 0; i < r.num_sge; ++i) {
+        const ibv_sge& s = r.sge[i];
+        if (s.length == 0) continue;
+        uint8_t* host =
+            hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why);
+        if (!host) {
+          w.recv_status = IBV_WC_LOC_PROT_ERR;
+          w.nak = wire::aeth::kNakRemoteOperation;
+          t.nseg = 0;
+          break;
+        }
+        t.Add(host, s.length);
+        room += s.length;
+      }
+      if (w.recv_status == IBV_WC_SUCCESS && p.payload_len > room) {
+        w.recv_status = IBV_WC_LOC_LEN_ERR;
+        w.nak = wire::aeth::kNakInvalidRequest;
+        t.nseg = 0;
+      }
+    }
+  }
+
+  if (info.mask & kIsWrite) {
+    const auto* reth = p.ext<wire::Reth>(info.reth);
+    uint32_t len = reth->length();
+    if (len != p.payload_len) {
+      t.nseg = 0;
+      w.kind = RxWork::kDrop;
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    }
+    if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
+      w.kind = RxWork::kDrop;
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    }
+    if (len > 0) {
+      KeyCheck why;
+      uint8_t* host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len,
+                                         IBV_ACCESS_REMOTE_WRITE, false, &why);
+      if (!host) {
+        w.kind = RxWork::kDrop;
+        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
+                                    IBV_EVENT_QP_ACCESS_ERR);
+      }
+      t.Add(host, len);
+    }
+    if (w.has_recv) {
+      w.wc_opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+      w.byte_len = len;
+    } else {
+      w.kind = RxWork::kWrite;
+    }
+  }
+
+  if (info.mask & kIsRead) {
+    const auto* reth = p.ext<wire::Reth>(info.reth);
+    uint32_t len = reth->length();
+    if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_READ))
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    uint8_t* host = nullptr;
+    if (len > 0) {
+      KeyCheck why;
+      host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len, IBV_ACCESS_REMOTE_READ, false,
+                                &why);
+      if (!host)
+        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
+                                    IBV_EVENT_QP_ACCESS_ERR);
+    }
+    if (!duplicate_read) {
+      rq_psn_ = (psn + 1) & wire::kPsnMask;
+      ++msn_;
+    }
+    SendReadResponseLocked(ch, psn, host, len);
+    return;
+  }
+
+  if (info.mask & kIsAtomic) {
+    const auto* a = p.ext<wire::AtomicEth>(info.atomic_eth);
+    if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) || (a->addr() & 7))
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    KeyCheck why;
+    uint8_t* host =
+        hca_.mrs().Resolve(a->key(), pd_, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC, false, &why);
+    if (!host)
+      return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
+    auto* target = reinterpret_cast<uint64_t*>(host);
+    uint64_t orig;
+    if ((opcode & 0x1f) == op::kCompareSwap) {
+      orig = a->compare_value();
+      __atomic_compare_exchange_n(target, &orig, a->swap_add_value(), false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+    } else {
+      orig = __atomic_fetch_add(target, a->swap_add_value(), __ATOMIC_SEQ_CST);
+    }
+    atomic_replay_[atomic_replay_next_++ % 16] = AtomicReplay{psn, orig, true};
+    rq_psn_ = (psn + 1) & wire::kPsnMask;
+    ++msn_;
+    SendAtomicAckLocked(ch, psn, orig);
+    return;
+  }
+
+  rq_psn_ = (psn + 1) & wire::kPsnMask;
+}
+
+void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
+  RxWork& w = WorkOf(t);
+  const OpInfo& info = *p.info;
+  if (OpTransport(p.bth->opcode) != op::kUd || !ResponderActive(state_) || !p.grh) return;
+  const auto* deth = p.ext<wire::Deth>(info.deth);
+  if (deth->qkey_value() != attr_.qkey) return;  // Q_Key violation: silently dropped
+  RecvWqe r;
+  if (!TakeRecvLocked(&r)) return;
+  w.kind = RxWork::kRecv;
+  w.has_recv = true;
+  w.wr_id = r.wr_id;
+  w.recv_status = IBV_WC_SUCCESS;
+  w.wc_opcode = IBV_WC_RECV;
+  w.solicited = p.bth->solicited();
+  w.byte_len = p.payload_len + sizeof(wire::Grh);
+  w.src_qp = deth->src_qpn();
+  w.slid = p.lrh->slid_value();
+  w.sl = p.lrh->sl();
+  w.wc_flags = IBV_WC_GRH;
+  if (info.has(kHasImm)) {
+    std::memcpy(&w.imm, p.ext<uint8_t>(info.imm), 4);
+    w.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  // The receive buffer starts with the 40-byte GRH, then the payload.
+  const Pd* pd = srq_ ? srq_->pd() : pd_;
+  uint64_t room = 0;
+  link::RxTarget segs;
+  KeyCheck why;
+  for (uint32_t i = 0; i < r.num_sge; ++i) {
+    const ibv_sge& s = r.sge[i];
+    if (s.length == 0) continue;
+    uint8_t* host =
+        hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why);
+    if (!host) {
+      w.recv_status = IBV_WC_LOC_PROT_ERR;
+      return;
+    }
+    segs.Add(host, s.length);
+    room += s.length;
+  }
+  if (room < w.byte_len) {
+    w.recv_status = IBV_WC_LOC_LEN_ERR;
+    return;
+  }
+  const auto* grh = reinterpret_cast<const uint8_t*>(p.grh);
+  size_t grh_left = sizeof(wire::Grh);
+  for (int i = 0; i < segs.nseg; ++i) {
+    auto* base = static_cast<uint8_t*>(segs.seg[i].iov_base);
+    size_t len = segs.seg[i].iov_len;
+    size_t c = grh_left < len ? grh_left : len;
+    std::memcpy(base, grh + (sizeof(wire::Grh) - grh_left), c);
+    grh_left -= c;
+    if (c < len) t.Add(base + c, len - c);
+  }
+}
+
+void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
+  if (w.kind == RxWork::kDrop) return;
+  if (w.has_recv) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = state_ == IBV_QPS_ERR && w.recv_status == IBV_WC_SUCCESS ? IBV_WC_WR_FLUSH_ERR
+                                                                        : w.recv_status;
+    wc.opcode = w.wc_opcode;
+    wc.byte_len = w.byte_len;
+    if (w.wc_flags & IBV_WC_WITH_INV)
+      wc.invalidated_rkey = w.imm;
+    else
+      wc.imm_data = w.imm;
+    wc.qp_num = qpn_;
+    wc.src_qp = type_ == IBV_QPT_UD ? w.src_qp : attr_.dest_qp_num;
+    wc.wc_flags = w.wc_flags;
+    wc.slid = type_ == IBV_QPT_UD ? w.slid : av_.attr.dlid;
+    wc.sl = type_ == IBV_QPT_UD ? w.sl : av_.attr.sl;
+    PushCompletionLocked(recv_cq_, wc, w.solicited);
+  }
+  if (state_ == IBV_QPS_ERR) return;
+  if (w.nak != RxWork::kNoNak) {
+    if (type_ == IBV_QPT_RC) {
+      SendAckLocked(ch, wire::aeth::kNak | w.nak, w.psn);
+      RaiseAsync(IBV_EVENT_QP_REQ_ERR);
+    }
+    EnterErrorLocked();
+    return;
+  }
+  if (type_ != IBV_QPT_RC) return;
+  ++msn_;
+  ack_pending_ = true;
+  ack_psn_ = w.psn;
+  if (ack_channel_.get() != &ch) ack_channel_ = ch.shared_from_this();
+  hca_.QueueAck(shared_from_this());
+}
+
+}  // namespace softrdma::core

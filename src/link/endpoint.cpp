@@ -1,0 +1,600 @@
+#include "link/endpoint.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <vector>
+
+#include "link/frame_codec.h"
+
+namespace softrdma::link {
+namespace {
+
+constexpr size_t kRxBufferBytes = 256 * 1024;
+// Payload remainders at least this large are read straight into their destination.
+constexpr size_t kDirectReadBytes = 16 * 1024;
+constexpr int kFramesPerWakeup = 256;
+constexpr int kIovBatch = 512;
+
+class Pollable {
+ public:
+  virtual ~Pollable() = default;
+  virtual void OnEvents(uint32_t events) = 0;
+};
+
+}  // namespace
+
+class TcpChannel;
+
+struct Endpoint::Impl {
+  Impl(FrameSink& s, const NodeId& id) : sink(s), self(id) {}
+  FrameSink& sink;
+  NodeId self;
+  int epfd = -1, listen_fd = -1, wake_fd = -1;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+
+  std::mutex mu;  // guards outbound, channels
+  std::map<uint64_t, std::shared_ptr<TcpChannel>> outbound;
+  std::set<std::shared_ptr<TcpChannel>> channels;
+  std::vector<std::shared_ptr<TcpChannel>> graveyard;  // progress thread only
+
+  std::mutex loop_mu;  // guards loop_frames
+  std::deque<OutFrame> loop_frames;
+  std::shared_ptr<Channel> loopback;
+
+  void Loop();
+  void AcceptAll();
+  void DrainLoopback();
+  void Retire(const std::shared_ptr<TcpChannel>& ch);
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t r = write(wake_fd, &one, sizeof one);
+    (void)r;
+  }
+};
+
+class TcpChannel final : public Channel, public Pollable {
+ public:
+  TcpChannel(Endpoint::Impl& ep, int fd, bool connecting)
+      : ep_(ep), fd_(fd), connecting_(connecting), rx_(new uint8_t[kRxBufferBytes]) {}
+  ~TcpChannel() override {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  void Start() {
+    TxItem hello;
+    hello.head_len = sizeof(Hello);
+    EncodeHello(hello.head, ep_.self);
+    std::lock_guard<std::mutex> g(tx_mu_);
+    txq_.push_back(std::move(hello));
+    if (!connecting_) FlushLocked();
+    UpdateInterestLocked();
+  }
+
+  void Send(OutFrame&& f) override {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (closed_.load(std::memory_order_relaxed) || broken_) return;
+    TxItem item;
+    EncodeLinkHeader(item.head, f.hdr_len, f.payload_len);
+    std::memcpy(item.head + sizeof(LinkHeader), f.hdr, f.hdr_len);
+    item.head_len = static_cast<uint32_t>(sizeof(LinkHeader) + f.hdr_len);
+    item.frame = std::move(f);
+    txq_.push_back(std::move(item));
+    if (!connecting_ && !want_out_) FlushLocked();
+    if (!txq_.empty()) {
+      // What stays queued may outlive the caller's buffers.
+      for (TxItem& t : txq_)
+        if (!t.frame.payload_outlives_send) t.frame.OwnPayload();
+    }
+    UpdateInterestLocked();
+  }
+
+  bool closed() const override { return closed_.load(std::memory_order_acquire); }
+  bool is_loopback() const override { return false; }
+  void Abort() override { dead_ = true; }
+
+  void OnEvents(uint32_t events) override {
+    if (closed()) return;
+    if (events & EPOLLOUT) {
+      std::lock_guard<std::mutex> g(tx_mu_);
+      if (connecting_) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0) broken_ = true;
+        connecting_ = false;
+      }
+      if (!broken_) FlushLocked();
+      UpdateInterestLocked();
+    }
+    if (broken_) return Close();
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable();
+  }
+
+  // Progress thread only.
+  void Close() {
+    {
+      std::lock_guard<std::mutex> g(tx_mu_);
+      if (closed_.load()) return;
+      closed_.store(true, std::memory_order_release);
+      epoll_ctl(ep_.epfd, EPOLL_CTL_DEL, fd_, nullptr);
+      shutdown(fd_, SHUT_RDWR);
+      txq_.clear();
+    }
+    if (in_frame_) {
+      in_frame_ = false;
+      ep_.sink.OnFrameAbort(*this, target_);
+      target_ = RxTarget{};
+    }
+    ep_.sink.OnChannelClosed(*this);
+    ep_.Retire(std::static_pointer_cast<TcpChannel>(shared_from_this()));
+  }
+
+  int fd() const { return fd_; }
+
+ private:
+  struct TxItem {
+    uint8_t head[sizeof(Hello) + sizeof(LinkHeader) + kMaxHeaderBytes];
+    uint32_t head_len = 0;
+    OutFrame frame;
+    size_t done = 0;  // bytes of head+payload already written
+    size_t total() const { return head_len + frame.payload_len; }
+  };
+
+  void UpdateInterestLocked() {
+    bool want = connecting_ || !txq_.empty();
+    if (want == want_out_ || closed()) return;
+    want_out_ = want;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? uint32_t{EPOLLOUT} : 0u);
+    ev.data.ptr = static_cast<Pollable*>(this);
+    epoll_ctl(ep_.epfd, EPOLL_CTL_MOD, fd_, &ev);
+  }
+
+  // Writes as much of the queue as the socket takes now.
+  void FlushLocked() {
+    while (!txq_.empty()) {
+      iovec iov[kIovBatch];
+      int n = 0;
+      for (const TxItem& t : txq_) {
+        if (n + kMaxSegs + 1 > kIovBatch) break;
+        size_t skip = t.done;
+        if (skip < t.head_len) {
+          iov[n++] = iovec{const_cast<uint8_t*>(t.head) + skip, t.head_len - skip};
+          skip = 0;
+        } else {
+          skip -= t.head_len;
+        }
+        for (int i = 0; i < t.frame.nseg; ++i) {
+          const iovec& s = t.frame.seg[i];
+          if (skip >= s.iov_len) {
+            skip -= s.iov_len;
+            continue;
+          }
+          iov[n++] = iovec{static_cast<uint8_t*>(s.iov_base) + skip, s.iov_len - skip};
+          skip = 0;
+        }
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          broken_ = true;
+          txq_.clear();
+          ep_.Wake();
+        }
+        return;
+      }
+      size_t left = static_cast<size_t>(w);
+      while (left > 0 && !txq_.empty()) {
+        TxItem& t = txq_.front();
+        size_t need = t.total() - t.done;
+        if (left >= need) {
+          left -= need;
+          txq_.pop_front();
+        } else {
+          t.done += left;
+          left = 0;
+        }
+      }
+    }
+  }
+
+  // Reads more bytes into the staging buffer. False when the socket has nothing now or died.
+  bool Fill() {
+    if (rx_begin_ > 0 && (rx_end_ == kRxBufferBytes || rx_begin_ == rx_end_)) {
+      std::memmove(rx_.get(), rx_.get() + rx_begin_, rx_end_ - rx_begin_);
+      rx_end_ -= rx_begin_;
+      rx_begin_ = 0;
+    }
+    ssize_t r = recv(fd_, rx_.get() + rx_end_, kRxBufferBytes - rx_end_, MSG_DONTWAIT);
+    if (r > 0) {
+      rx_end_ += static_cast<size_t>(r);
+      return true;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    dead_ = true;
+    return false;
+  }
+
+  size_t Buffered() const { return rx_end_ - rx_begin_; }
+
+  // Moves `n` payload bytes from `src` into the current target (or drops what has no home).
+  void Deliver(const uint8_t* src, size_t n) {
+    while (n > 0) {
+      if (seg_ >= target_.nseg) {  // no destination left: discard
+        remaining_ -= n;
+        return;
+      }
+      iovec& s = target_.seg[seg_];
+      size_t c = std::min(n, s.iov_len - seg_off_);
+      if (c) std::memcpy(static_cast<uint8_t*>(s.iov_base) + seg_off_, src, c);
+      src += c;
+      n -= c;
+      remaining_ -= c;
+      seg_off_ += c;
+      if (seg_off_ == s.iov_len) {
+        ++seg_;
+        seg_off_ = 0;
+      }
+    }
+  }
+
+  // Reads the rest of a large payload straight into its destination segments.
+  bool ReadDirect() {
+    iovec iov[kMaxSegs + 1];
+    int n = 0;
+    size_t want = remaining_;
+    for (int i = seg_; i < target_.nseg && want > 0; ++i) {
+      size_t off = i == seg_ ? seg_off_ : 0;
+      size_t len = std::min(target_.seg[i].iov_len - off, want);
+      iov[n++] = iovec{static_cast<uint8_t*>(target_.seg[i].iov_base) + off, len};
+      want -= len;
+    }
+    ssize_t r = readv(fd_, iov, n);
+    if (r <= 0) {
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+      dead_ = true;
+      return false;
+    }
+    size_t got = static_cast<size_t>(r);
+    remaining_ -= got;
+    while (got > 0) {
+      size_t c = std::min(got, target_.seg[seg_].iov_len - seg_off_);
+      got -= c;
+      seg_off_ += c;
+      if (seg_off_ == target_.seg[seg_].iov_len) {
+        ++seg_;
+        seg_off_ = 0;
+      }
+    }
+    return true;
+  }
+
+  // Advances the current frame's payload. True when the frame completed.
+  bool PumpPayload() {
+    while (remaining_ > 0) {
+      if (Buffered() > 0) {
+        size_t c = std::min<size_t>(Buffered(), remaining_);
+        Deliver(rx_.get() + rx_begin_, c);
+        rx_begin_ += c;
+        continue;
+      }
+      bool ok = (remaining_ >= kDirectReadBytes && seg_ < target_.nseg) ? ReadDirect() : Fill();
+      if (!ok) return false;
+    }
+    in_frame_ = false;
+    ep_.sink.OnFrameEnd(*this, target_);
+    target_ = RxTarget{};
+    return true;
+  }
+
+  void OnReadable() {
+    for (int frames = 0; frames < kFramesPerWakeup && !dead_;) {
+      if (in_frame_) {
+        if (!PumpPayload()) break;
+        ++frames;
+        continue;
+      }
+      if (!hello_done_) {
+        if (Buffered() < sizeof(Hello)) {
+          if (!Fill()) break;
+          continue;
+        }
+        if (!DecodeHello(rx_.get() + rx_begin_, &peer_id_)) {
+          dead_ = true;
+          break;
+        }
+        rx_begin_ += sizeof(Hello);
+        hello_done_ = true;
+        continue;
+      }
+      DecodedHeader h;
+      if (Buffered() < sizeof(LinkHeader)) {
+        if (!Fill()) break;
+        continue;
+      }
+      if (!DecodeLinkHeader(rx_.get() + rx_begin_, &h)) {
+        dead_ = true;  // a malformed stream cannot be resynchronised: drop the connection
+        break;
+      }
+      if (Buffered() < sizeof(LinkHeader) + h.hdr_len) {
+        if (!Fill()) break;
+        continue;
+      }
+      const uint8_t* hdr = rx_.get() + rx_begin_ + sizeof(LinkHeader);
+      rx_begin_ += sizeof(LinkHeader) + h.hdr_len;
+      target_ = RxTarget{};
+      in_frame_ = true;
+      remaining_ = h.payload_len;
+      seg_ = 0;
+      seg_off_ = 0;
+      ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+    }
+    if (dead_) Close();
+  }
+
+  Endpoint::Impl& ep_;
+  int fd_;
+  std::atomic<bool> closed_{false};
+
+  std::mutex tx_mu_;  // guards everything tx below
+  std::deque<TxItem> txq_;
+  bool connecting_;
+  bool want_out_ = true;  // registered with EPOLLOUT at creation
+  bool broken_ = false;
+
+  // Receive state, progress thread only.
+  std::unique_ptr<uint8_t[]> rx_;
+  size_t rx_begin_ = 0, rx_end_ = 0;
+  bool hello_done_ = false;
+  bool dead_ = false;
+  bool in_frame_ = false;
+  RxTarget target_;
+  uint64_t remaining_ = 0;
+  int seg_ = 0;
+  size_t seg_off_ = 0;
+};
+
+namespace {
+
+class LoopbackChannel final : public Channel {
+ public:
+  LoopbackChannel(Endpoint::Impl& ep, const NodeId& self) : ep_(ep) { peer_id_ = self; }
+  void SetPeer(const NodeId& id) { peer_id_ = id; }
+  void Send(OutFrame&& f) override {
+    if (!f.payload_outlives_send) f.OwnPayload();
+    bool was_empty;
+    {
+      std::lock_guard<std::mutex> g(ep_.loop_mu);
+      was_empty = ep_.loop_frames.empty();
+      ep_.loop_frames.push_back(std::move(f));
+    }
+    if (was_empty) ep_.Wake();
+  }
+  bool closed() const override { return false; }
+  bool is_loopback() const override { return true; }
+  void Abort() override {}
+
+ private:
+  Endpoint::Impl& ep_;
+};
+
+class WakePollable final : public Pollable {
+ public:
+  explicit WakePollable(int fd) : fd_(fd) {}
+  void OnEvents(uint32_t) override {
+    uint64_t v;
+    ssize_t r = read(fd_, &v, sizeof v);
+    (void)r;
+  }
+
+ private:
+  int fd_;
+};
+
+class ListenPollable final : public Pollable {
+ public:
+  explicit ListenPollable(Endpoint::Impl& ep) : ep_(ep) {}
+  void OnEvents(uint32_t) override { ep_.AcceptAll(); }
+
+ private:
+  Endpoint::Impl& ep_;
+};
+
+uint64_t Key(const PeerAddr& a) { return uint64_t{a.ip} << 16 | a.port; }
+
+void TuneSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+bool Register(int epfd, int fd, Pollable* p, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = p;
+  return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+}  // namespace
+
+void Endpoint::Impl::Retire(const std::shared_ptr<TcpChannel>& ch) {
+  std::lock_guard<std::mutex> g(mu);
+  for (auto it = outbound.begin(); it != outbound.end(); ++it) {
+    if (it->second == ch) {
+      outbound.erase(it);
+      break;
+    }
+  }
+  if (channels.erase(ch)) graveyard.push_back(ch);
+}
+
+void Endpoint::Impl::AcceptAll() {
+  for (int i = 0; i < 64; ++i) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    TuneSocket(fd);
+    auto ch = std::make_shared<TcpChannel>(*this, fd, false);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      channels.insert(ch);
+    }
+    Register(epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
+    ch->Start();
+  }
+}
+
+void Endpoint::Impl::DrainLoopback() {
+  std::deque<OutFrame> batch;
+  {
+    std::lock_guard<std::mutex> g(loop_mu);
+    batch.swap(loop_frames);
+  }
+  for (OutFrame& f : batch) {
+    RxTarget t;
+    sink.OnFrameHeader(*loopback, f.hdr, f.hdr_len, f.payload_len, t);
+    int dseg = 0;
+    size_t doff = 0;
+    for (int i = 0; i < f.nseg; ++i) {
+      const uint8_t* src = static_cast<const uint8_t*>(f.seg[i].iov_base);
+      size_t n = f.seg[i].iov_len;
+      while (n > 0 && dseg < t.nseg) {
+        size_t c = std::min(n, t.seg[dseg].iov_len - doff);
+        if (c) std::memcpy(static_cast<uint8_t*>(t.seg[dseg].iov_base) + doff, src, c);
+        src += c;
+        n -= c;
+        doff += c;
+        if (doff == t.seg[dseg].iov_len) {
+          ++dseg;
+          doff = 0;
+        }
+      }
+    }
+    sink.OnFrameEnd(*loopback, t);
+  }
+}
+
+void Endpoint::Impl::Loop() {
+  epoll_event events[64];
+  int64_t deadline = INT64_MAX;
+  while (!stop.load(std::memory_order_acquire)) {
+    int timeout_ms = -1;
+    if (deadline != INT64_MAX) {
+      int64_t wait = deadline - NowNs();
+      timeout_ms = wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
+    }
+    int n = epoll_wait(epfd, events, 64, timeout_ms);
+    for (int i = 0; i < n; ++i)
+      static_cast<Pollable*>(events[i].data.ptr)->OnEvents(events[i].events);
+    DrainLoopback();
+    sink.OnBatchEnd();
+    deadline = sink.OnTimers(NowNs());
+    graveyard.clear();
+  }
+}
+
+std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, std::string* err) {
+  std::unique_ptr<Endpoint> ep(new Endpoint());
+  ep->impl_ = std::make_unique<Impl>(sink, self);
+  Impl& im = *ep->impl_;
+  im.epfd = epoll_create1(EPOLL_CLOEXEC);
+  im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  im.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (im.epfd < 0 || im.wake_fd < 0 || im.listen_fd < 0) {
+    *err = std::string("socket setup: ") + strerror(errno);
+    return nullptr;
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  if (bind(im.listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      listen(im.listen_fd, 1024) != 0) {
+    *err = std::string("listen: ") + strerror(errno);
+    return nullptr;
+  }
+  socklen_t len = sizeof a;
+  getsockname(im.listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ep->port_ = ntohs(a.sin_port);
+
+  auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
+  auto* listen = new ListenPollable(im);
+  Register(im.epfd, im.wake_fd, wake, EPOLLIN);
+  Register(im.epfd, im.listen_fd, listen, EPOLLIN);
+  im.loopback = std::make_shared<LoopbackChannel>(im, self);
+  ep->loopback_ = im.loopback;
+  im.thread = std::thread([&im] { im.Loop(); });
+  return ep;
+}
+
+std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> g(im.mu);
+  auto it = im.outbound.find(Key(peer));
+  if (it != im.outbound.end() && !it->second->closed()) return it->second;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return nullptr;
+  TuneSocket(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(peer.ip);
+  a.sin_port = htons(peer.port);
+  int r = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (r != 0 && errno != EINPROGRESS) {
+    close(fd);
+    return nullptr;
+  }
+  auto ch = std::make_shared<TcpChannel>(im, fd, true);
+  im.channels.insert(ch);
+  im.outbound[Key(peer)] = ch;
+  Register(im.epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
+  ch->Start();
+  return ch;
+}
+
+void Endpoint::Wake() { impl_->Wake(); }
+
+void Endpoint::SetIdentity(const NodeId& self) {
+  impl_->self = self;
+  static_cast<LoopbackChannel*>(impl_->loopback.get())->SetPeer(self);
+}
+
+void Endpoint::Abandon() {
+  // The child of fork() has no progress thread; leak the parent's state rather than close sockets
+  // the parent still uses (closing a copy is harmless, but shutdown() would not be).
+  if (impl_->thread.joinable()) impl_->thread.detach();
+  (void)impl_.release();
+}
+
+Endpoint::~Endpoint() {
+  if (!impl_) return;
+  impl_->stop.store(true, std::memory_order_release);
+  impl_->Wake();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    impl_->outbound.clear();
+    impl_->channels.clear();
+  }
+  close(impl_->listen_fd);
+  close(impl_->wake_fd);
+  close(impl_->epfd);
+}
+
+}  // namespace softrdma::link

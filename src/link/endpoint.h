@@ -1,0 +1,45 @@
+// A node's network presence: one TCP listener on all IPv4 addresses, outbound connections cached
+// per peer, the in-process loopback channel, and the progress thread that serves them. The thread
+// blocks in epoll and never spins; it is the only reader of inbound frames.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "link/link.h"
+
+namespace softrdma::link {
+
+class Endpoint {
+ public:
+  // Binds the listener (port 0 = any) and starts the progress thread.
+  static std::unique_ptr<Endpoint> Start(FrameSink& sink, const NodeId& self, std::string* err);
+  ~Endpoint();
+
+  uint16_t port() const { return port_; }
+  // The connection used to reach `peer`; opened on first use, reopened after it closed.
+  std::shared_ptr<Channel> Connect(const PeerAddr& peer);
+  // Frames sent here come back to this node's own sink.
+  std::shared_ptr<Channel> Loopback() { return loopback_; }
+  // The identity announced to peers; set before the first connection.
+  void SetIdentity(const NodeId& self);
+  // Makes the progress thread re-evaluate its timers now.
+  void Wake();
+  // Stops the thread without touching sockets: for a fork()ed child that must not act on the
+  // parent's connections.
+  void Abandon();
+
+  struct Impl;
+
+ private:
+  Endpoint() = default;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Channel> loopback_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace softrdma::link

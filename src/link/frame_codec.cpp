@@ -1,0 +1,67 @@
+#include "link/frame_codec.h"
+
+#include <cstring>
+#include <time.h>
+
+namespace softrdma::link {
+
+bool DecodeLinkHeader(const uint8_t* p, DecodedHeader* out) {
+  const auto* h = reinterpret_cast<const LinkHeader*>(p);
+  uint32_t frame_len = uint32_t{h->frame_len[0]} << 24 | uint32_t{h->frame_len[1]} << 16 |
+                       uint32_t{h->frame_len[2]} << 8 | h->frame_len[3];
+  if (h->version != kWireVersion) return false;
+  if (h->hdr_len == 0 || h->hdr_len > kMaxHeaderBytes) return false;
+  if (frame_len < h->hdr_len) return false;
+  if (frame_len - h->hdr_len > kMaxFramePayload) return false;
+  out->hdr_len = h->hdr_len;
+  out->payload_len = frame_len - h->hdr_len;
+  return true;
+}
+
+void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len) {
+  auto* h = reinterpret_cast<LinkHeader*>(p);
+  uint32_t frame_len = hdr_len + payload_len;
+  h->frame_len[0] = static_cast<uint8_t>(frame_len >> 24);
+  h->frame_len[1] = static_cast<uint8_t>(frame_len >> 16);
+  h->frame_len[2] = static_cast<uint8_t>(frame_len >> 8);
+  h->frame_len[3] = static_cast<uint8_t>(frame_len);
+  h->version = kWireVersion;
+  h->hdr_len = static_cast<uint8_t>(hdr_len);
+  h->reserved[0] = h->reserved[1] = 0;
+}
+
+bool DecodeHello(const uint8_t* p, NodeId* out) {
+  const auto* h = reinterpret_cast<const Hello*>(p);
+  if (std::memcmp(h->magic, "SRDM", 4) != 0 || h->version != kWireVersion) return false;
+  std::memcpy(out->bytes, h->node_id, kNodeIdBytes);
+  return true;
+}
+
+void EncodeHello(uint8_t* p, const NodeId& id) {
+  auto* h = reinterpret_cast<Hello*>(p);
+  std::memcpy(h->magic, "SRDM", 4);
+  h->version = kWireVersion;
+  std::memset(h->reserved, 0, sizeof h->reserved);
+  std::memcpy(h->node_id, id.bytes, kNodeIdBytes);
+}
+
+void OutFrame::OwnPayload() {
+  if (nseg == 0 || (!owned.empty() && nseg == 1 && seg[0].iov_base == owned.data())) return;
+  std::vector<uint8_t> copy(payload_len);
+  size_t at = 0;
+  for (int i = 0; i < nseg; ++i) {
+    if (seg[i].iov_len) std::memcpy(copy.data() + at, seg[i].iov_base, seg[i].iov_len);
+    at += seg[i].iov_len;
+  }
+  owned = std::move(copy);
+  nseg = 1;
+  seg[0] = iovec{owned.data(), owned.size()};
+}
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace softrdma::link

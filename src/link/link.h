@@ -1,0 +1,93 @@
+// Links move frames between softrdma nodes. A frame is an opaque header (the IB transport headers,
+// which the link never interprets) plus a payload. Links know nothing about verbs: the core hands
+// them OutFrames and receives frames through a FrameSink, deciding per frame where the payload
+// goes so that large payloads land directly in registered memory.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace softrdma::link {
+
+constexpr int kMaxSegs = 32;          // payload pieces of one frame (one per SGE)
+constexpr size_t kMaxHeaderBytes = 128;  // LRH+GRH+BTH+largest extension set is < 100
+constexpr size_t kNodeIdBytes = 16;
+
+// The identity a node announces when a connection opens (the core puts its GID there).
+struct NodeId {
+  uint8_t bytes[kNodeIdBytes] = {};
+};
+
+// IPv4 address and port of a node's endpoint, host byte order.
+struct PeerAddr {
+  uint32_t ip = 0;
+  uint16_t port = 0;
+  bool operator==(const PeerAddr&) const = default;
+};
+
+struct OutFrame {
+  uint8_t hdr[kMaxHeaderBytes];
+  uint8_t hdr_len = 0;
+  iovec seg[kMaxSegs];
+  int nseg = 0;
+  uint32_t payload_len = 0;
+  // True when the payload memory stays valid until the core retires the frame (an RC request
+  // waits for its ACK). Otherwise a link that cannot write at once copies the payload.
+  bool payload_outlives_send = false;
+  std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
+
+  void AddPayload(const void* p, size_t n) {
+    seg[nseg++] = iovec{const_cast<void*>(p), n};
+    payload_len += static_cast<uint32_t>(n);
+  }
+  // Replaces borrowed payload memory with a private copy.
+  void OwnPayload();
+};
+
+// Where the payload of an inbound frame goes. Bytes beyond the segments are discarded.
+struct RxTarget {
+  iovec seg[kMaxSegs + 1];
+  int nseg = 0;
+  std::shared_ptr<void> hold;  // keeps the sink's receiving object alive until the frame ends
+  alignas(8) unsigned char scratch[128] = {};  // sink-private per-frame state
+  void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
+};
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  virtual ~Channel() = default;
+  // Queues a frame for the peer. Never blocks. A frame on a closed channel is dropped.
+  virtual void Send(OutFrame&& f) = 0;
+  virtual bool closed() const = 0;
+  virtual bool is_loopback() const = 0;
+  // The peer broke the protocol: drop the connection (progress thread only).
+  virtual void Abort() = 0;
+  // Identity the peer announced; valid once frames arrive from it.
+  const NodeId& peer_id() const { return peer_id_; }
+
+ protected:
+  NodeId peer_id_;
+};
+
+class FrameSink {
+ public:
+  virtual ~FrameSink() = default;
+  // A frame's header arrived; `payload_len` bytes follow. Fill `t` with their destination.
+  virtual void OnFrameHeader(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
+                             RxTarget& t) = 0;
+  virtual void OnFrameEnd(Channel& ch, RxTarget& t) = 0;
+  // The channel died between OnFrameHeader and OnFrameEnd.
+  virtual void OnFrameAbort(Channel& ch, RxTarget& t) = 0;
+  virtual void OnChannelClosed(Channel& ch) = 0;
+  // Called after each batch of inbound work: the place to flush coalesced acknowledgements.
+  virtual void OnBatchEnd() = 0;
+  // Runs due timers; returns the next deadline in CLOCK_MONOTONIC ns, or INT64_MAX.
+  virtual int64_t OnTimers(int64_t now_ns) = 0;
+};
+
+int64_t NowNs();
+
+}  // namespace softrdma::link
