@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "core/context.h"
+#include "core/hca.h"
 
 namespace softrdma::core {
 
@@ -42,6 +43,12 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 }
 
 int Cq::Poll(int n, ibv_wc* out) {
+  int got = PollLocked(n, out);
+  if (got == 0 && n > 0 && ctx_.hca().Progress()) got = PollLocked(n, out);
+  return got;
+}
+
+int Cq::PollLocked(int n, ibv_wc* out) {
   std::lock_guard<std::mutex> g(mu_);
   int got = 0;
   while (got < n && count_ > 0) {

@@ -51,6 +51,7 @@ class Cq {
   uint32_t events_reported() const { return events_reported_; }
 
  private:
+  int PollLocked(int n, ibv_wc* out);
   Context& ctx_;
   CompChannel* channel_;
   void* user_handle_;

@@ -36,14 +36,12 @@ class EventQueue {
   }
 
   // Blocks unless the application made the fd non-blocking; then returns EAGAIN when empty.
+  // A signal interrupts the wait with EINTR, as the read() in rdma-core does: programs such as
+  // qperf end timed tests with SIGALRM and rely on it.
   int Pop(T* out) {
     uint64_t v;
-    for (;;) {
-      ssize_t r = read(fd_, &v, sizeof v);
-      if (r == sizeof v) break;
-      if (r < 0 && errno == EINTR) continue;
-      return r < 0 ? errno : EIO;
-    }
+    ssize_t r = read(fd_, &v, sizeof v);
+    if (r != sizeof v) return r < 0 ? errno : EIO;
     std::lock_guard<std::mutex> g(mu_);
     *out = items_.front();
     items_.pop_front();

@@ -9,6 +9,7 @@
 
 #include "core/context.h"
 #include "core/limits.h"
+#include "core/log.h"
 #include "core/qp_internal.h"
 
 namespace softrdma::core {
@@ -113,13 +114,23 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
       bool mine = f->port == endpoint_->port() &&
                   (f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end());
       if (mine) return endpoint_->Loopback();
+      SOFTRDMA_LOG("gid -> tcp link to %u.%u.%u.%u:%u", f->ip >> 24, (f->ip >> 16) & 255,
+                   (f->ip >> 8) & 255, f->ip & 255, f->port);
       return endpoint_->Connect(link::PeerAddr{f->ip, f->port});
     }
   }
   uint32_t slot = attr.dlid ? attr.dlid : qpn >> kQpIndexBits;
-  if (slot == slots_.slot()) return endpoint_->Loopback();
+  if (slot == slots_.slot()) {
+    SOFTRDMA_LOG("lid %u qpn %#x: this process, in-process link", slot, qpn);
+    return endpoint_->Loopback();
+  }
   auto addr = slots_.Lookup(static_cast<uint16_t>(slot));
-  if (!addr) return nullptr;
+  if (!addr) {
+    SOFTRDMA_LOG("lid %u qpn %#x: no such slot, unreachable", slot, qpn);
+    return nullptr;
+  }
+  SOFTRDMA_LOG("lid %u qpn %#x: tcp link to %u.%u.%u.%u:%u", slot, qpn, addr->ip >> 24,
+               (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255, addr->port);
   return endpoint_->Connect(*addr);
 }
 
@@ -160,7 +171,10 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
     return ch.Abort();
   }
   std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
-  if (!qp) return;  // like a real HCA: frames for unknown QPs vanish
+  if (!qp) {  // like a real HCA: frames for unknown QPs vanish
+    SOFTRDMA_LOG("frame for unknown qp %#x dropped", p.bth->qpn());
+    return;
+  }
   t.hold = qp;
   qp->RxHeader(ch, p, t);
 }

@@ -42,6 +42,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // Finds the channel that reaches the node addressed by `attr` (and `qpn` when no GRH/LID).
   std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn);
 
+  // Runs inbound work on the calling thread (an application polling an empty CQ).
+  bool Progress() { return endpoint_->PollOnce(); }
+
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread
   void QueueAck(const std::shared_ptr<Qp>& qp);  // progress thread

@@ -10,6 +10,7 @@
 #include "core/cq.h"
 #include "core/hca.h"
 #include "core/limits.h"
+#include "core/log.h"
 #include "core/qp_internal.h"
 #include "core/qp_state_table.h"
 
@@ -143,9 +144,11 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
   ibv_qp_state cur = state_;
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr.qp_state : cur;
   int r = CheckQpTransition(type_, cur, next, mask, attr.cur_qp_state);
-  if (r) return r;
-  r = ApplyAttrs(attr, mask);
-  if (r) return r;
+  if (r == 0) r = ApplyAttrs(attr, mask);
+  if (r) {
+    SOFTRDMA_LOG("qp %#x: modify %d->%d mask %#x refused", qpn_, cur, next, mask);
+    return r;
+  }
   if (next == cur && next != IBV_QPS_ERR && next != IBV_QPS_RESET) {
     if (next == IBV_QPS_RTS) RunRequesterLocked();
     return 0;
@@ -299,6 +302,7 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad) {
   for (; wr; wr = wr->next) {
     int r = ValidateWr(*wr);
     if (r) {
+      SOFTRDMA_LOG("qp %#x: post_send opcode %d refused (%d)", qpn_, wr->opcode, r);
       *bad = wr;
       return r;
     }

@@ -7,6 +7,7 @@
 #include "core/cq.h"
 #include "core/hca.h"
 #include "core/limits.h"
+#include "core/log.h"
 #include "core/qp.h"
 
 namespace softrdma::core {
@@ -122,6 +123,8 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   if (m.read_or_atomic) ++rd_outstanding_;
 
   if (!av || !av->channel || av->channel->closed()) {
+    SOFTRDMA_LOG("qp %#x: no path to qpn %#x, message %s", qpn_, dqpn,
+                 type_ == IBV_QPT_RC ? "fails" : "lost");
     // Unreliable transports lose the message silently; RC reports the dead path.
     return type_ == IBV_QPT_RC ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
   }

@@ -6,6 +6,7 @@
 #include "core/context.h"
 #include "core/cq.h"
 #include "core/hca.h"
+#include "core/log.h"
 #include "core/qp.h"
 #include "core/qp_internal.h"
 
@@ -77,7 +78,10 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   RxWork& w = WorkOf(t);
   const OpInfo& info = *p.info;
   uint8_t opcode = p.bth->opcode;
-  if (OpTransport(opcode) != TransportOf(type_) || !ResponderActive(state_)) return;
+  if (OpTransport(opcode) != TransportOf(type_) || !ResponderActive(state_)) {
+    SOFTRDMA_LOG("qp %#x: request dropped (opcode %#x, state %d)", qpn_, opcode, state_);
+    return;
+  }
   if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
     comm_est_raised_ = true;
     RaiseAsync(IBV_EVENT_COMM_EST);
@@ -123,6 +127,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   if (info.mask & kConsumesRecv) {
     RecvWqe r;
     if (!TakeRecvLocked(&r)) {
+      SOFTRDMA_LOG("qp %#x: no receive WQE for psn %#x", qpn_, psn);
       if (type_ == IBV_QPT_RC) {
         rnr_nak_outstanding_ = true;
         SendAckLocked(ch, wire::aeth::kRnrNak | (attr_.min_rnr_timer & 0x1f), psn);
@@ -253,11 +258,21 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
 void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
   RxWork& w = WorkOf(t);
   const OpInfo& info = *p.info;
-  if (OpTransport(p.bth->opcode) != op::kUd || !ResponderActive(state_) || !p.grh) return;
+  if (OpTransport(p.bth->opcode) != op::kUd || !ResponderActive(state_) || !p.grh) {
+    SOFTRDMA_LOG("qp %#x: UD frame dropped (opcode %#x, state %d)", qpn_, p.bth->opcode, state_);
+    return;
+  }
   const auto* deth = p.ext<wire::Deth>(info.deth);
-  if (deth->qkey_value() != attr_.qkey) return;  // Q_Key violation: silently dropped
+  if (deth->qkey_value() != attr_.qkey) {  // Q_Key violation: silently dropped
+    SOFTRDMA_LOG("qp %#x: UD frame dropped: qkey %#x, expected %#x", qpn_, deth->qkey_value(),
+                 attr_.qkey);
+    return;
+  }
   RecvWqe r;
-  if (!TakeRecvLocked(&r)) return;
+  if (!TakeRecvLocked(&r)) {
+    SOFTRDMA_LOG("qp %#x: UD frame dropped: no receive WQE", qpn_);
+    return;
+  }
   w.kind = RxWork::kRecv;
   w.has_recv = true;
   w.wr_id = r.wr_id;

@@ -55,7 +55,13 @@ struct Endpoint::Impl {
   std::deque<OutFrame> loop_frames;
   std::shared_ptr<Channel> loopback;
 
+  // Whoever holds progress_mu handles inbound work: the progress thread after epoll wakes it, or
+  // an application thread that polls an empty CQ (so busy-polling never waits for a wake-up).
+  std::mutex progress_mu;
+  Pollable* wake_pollable = nullptr;
   void Loop();
+  void Dispatch(epoll_event* events, int n, bool include_wake);
+  bool PollOnce();
   void AcceptAll();
   void DrainLoopback();
   void Retire(const std::shared_ptr<TcpChannel>& ch);
@@ -490,6 +496,16 @@ void Endpoint::Impl::DrainLoopback() {
   }
 }
 
+void Endpoint::Impl::Dispatch(epoll_event* events, int n, bool include_wake) {
+  for (int i = 0; i < n; ++i) {
+    auto* p = static_cast<Pollable*>(events[i].data.ptr);
+    if (p == wake_pollable && !include_wake) continue;
+    p->OnEvents(events[i].events);
+  }
+  DrainLoopback();
+  sink.OnBatchEnd();
+}
+
 void Endpoint::Impl::Loop() {
   epoll_event events[64];
   int64_t deadline = INT64_MAX;
@@ -500,13 +516,22 @@ void Endpoint::Impl::Loop() {
       timeout_ms = wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
     }
     int n = epoll_wait(epfd, events, 64, timeout_ms);
-    for (int i = 0; i < n; ++i)
-      static_cast<Pollable*>(events[i].data.ptr)->OnEvents(events[i].events);
-    DrainLoopback();
-    sink.OnBatchEnd();
+    std::lock_guard<std::mutex> g(progress_mu);
+    Dispatch(events, n < 0 ? 0 : n, true);
     deadline = sink.OnTimers(NowNs());
     graveyard.clear();
   }
+}
+
+bool Endpoint::Impl::PollOnce() {
+  if (!progress_mu.try_lock()) return false;
+  epoll_event events[64];
+  int n = epoll_wait(epfd, events, 64, 0);
+  // The wake event stays for the progress thread: it re-arms timers when woken.
+  Dispatch(events, n < 0 ? 0 : n, false);
+  graveyard.clear();
+  progress_mu.unlock();
+  return n > 0;
 }
 
 std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, std::string* err) {
@@ -535,6 +560,7 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, s
 
   auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
+  im.wake_pollable = wake;
   Register(im.epfd, im.wake_fd, wake, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
   im.loopback = std::make_shared<LoopbackChannel>(im, self);
@@ -569,6 +595,8 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
 }
 
 void Endpoint::Wake() { impl_->Wake(); }
+
+bool Endpoint::PollOnce() { return impl_->PollOnce(); }
 
 void Endpoint::SetIdentity(const NodeId& self) {
   impl_->self = self;
