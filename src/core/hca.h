@@ -43,7 +43,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn);
 
   // Runs inbound work on the calling thread (an application polling an empty CQ).
-  bool Progress() { return endpoint_->PollOnce(); }
+  bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
 
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread

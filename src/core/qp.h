@@ -140,6 +140,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void RxUdHeader(const Packet& p, link::RxTarget& t);
   bool TakeRecvLocked(RecvWqe* out);
   void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
+  void FlushAckLocked();
   void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
   void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
@@ -187,6 +188,14 @@ class Qp : public std::enable_shared_from_this<Qp> {
   bool comm_est_raised_ = false;
   bool ack_pending_ = false;
   uint32_t ack_psn_ = 0;
+  // RC receive completions wait here until the ACK that covers them has been handed to the
+  // link: once an application sees a completion it may destroy the QP or exit, and the sender
+  // must still learn that the message arrived.
+  struct PendingCqe {
+    ibv_wc wc;
+    bool solicited;
+  };
+  std::vector<PendingCqe> pending_cqes_;
   std::shared_ptr<link::Channel> ack_channel_;
   struct AtomicReplay {
     uint32_t psn;

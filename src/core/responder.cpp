@@ -33,16 +33,20 @@ void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
 
 void Qp::FlushAck() {
   std::lock_guard<std::mutex> g(mu_);
-  if (!ack_pending_ || shut_down_) return;
-  ack_pending_ = false;
-  if (ack_channel_) SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
+  if (!shut_down_) FlushAckLocked();
+}
+
+void Qp::FlushAckLocked() {
+  if (ack_pending_) {
+    ack_pending_ = false;
+    if (ack_channel_) SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
+  }
+  for (const PendingCqe& c : pending_cqes_) PushCompletionLocked(recv_cq_, c.wc, c.solicited);
+  pending_cqes_.clear();
 }
 
 void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
-  if (ack_pending_) {  // keep responses in PSN order on the wire
-    ack_pending_ = false;
-    SendAckLocked(ch, wire::aeth::kAck, ack_psn_);
-  }
+  FlushAckLocked();  // keep responses in PSN order on the wire
   link::OutFrame f;
   uint8_t op = op::kRc | op::kReadResponseOnly;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
@@ -53,10 +57,7 @@ void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, u
 }
 
 void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
-  if (ack_pending_) {
-    ack_pending_ = false;
-    SendAckLocked(ch, wire::aeth::kAck, ack_psn_);
-  }
+  FlushAckLocked();
   link::OutFrame f;
   uint8_t op = op::kRc | op::kAtomicAcknowledge;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
@@ -339,7 +340,10 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     wc.wc_flags = w.wc_flags;
     wc.slid = type_ == IBV_QPT_UD ? w.slid : av_.attr.dlid;
     wc.sl = type_ == IBV_QPT_UD ? w.sl : av_.attr.sl;
-    PushCompletionLocked(recv_cq_, wc, w.solicited);
+    if (type_ == IBV_QPT_RC && wc.status == IBV_WC_SUCCESS && state_ != IBV_QPS_ERR)
+      pending_cqes_.push_back(PendingCqe{wc, w.solicited});
+    else
+      PushCompletionLocked(recv_cq_, wc, w.solicited);
   }
   if (state_ == IBV_QPS_ERR) return;
   if (w.nak != RxWork::kNoNak) {

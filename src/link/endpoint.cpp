@@ -61,7 +61,7 @@ struct Endpoint::Impl {
   Pollable* wake_pollable = nullptr;
   void Loop();
   void Dispatch(epoll_event* events, int n, bool include_wake);
-  bool PollOnce();
+  bool PollOnce(bool wait);
   void AcceptAll();
   void DrainLoopback();
   void Retire(const std::shared_ptr<TcpChannel>& ch);
@@ -523,8 +523,11 @@ void Endpoint::Impl::Loop() {
   }
 }
 
-bool Endpoint::Impl::PollOnce() {
-  if (!progress_mu.try_lock()) return false;
+bool Endpoint::Impl::PollOnce(bool wait) {
+  if (wait)
+    progress_mu.lock();
+  else if (!progress_mu.try_lock())
+    return false;
   epoll_event events[64];
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
@@ -596,7 +599,7 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
 
 void Endpoint::Wake() { impl_->Wake(); }
 
-bool Endpoint::PollOnce() { return impl_->PollOnce(); }
+bool Endpoint::PollOnce(bool wait) { return impl_->PollOnce(wait); }
 
 void Endpoint::SetIdentity(const NodeId& self) {
   impl_->self = self;

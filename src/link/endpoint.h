@@ -27,9 +27,9 @@ class Endpoint {
   std::shared_ptr<Channel> Loopback() { return loopback_; }
   // The identity announced to peers; set before the first connection.
   void SetIdentity(const NodeId& self);
-  // Handles pending inbound work on the calling thread unless another thread already is.
-  // Returns whether there was any.
-  bool PollOnce();
+  // Handles inbound work that has already arrived, on the calling thread. Unless `wait`, gives up
+  // at once when another thread is doing it. Returns whether there was any.
+  bool PollOnce(bool wait = false);
   // Makes the progress thread re-evaluate its timers now.
   void Wake();
   // Stops the thread without touching sockets: for a fork()ed child that must not act on the
