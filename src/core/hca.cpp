@@ -60,6 +60,8 @@ bool Hca::Start(std::string* err) {
   endpoint_ = link::Endpoint::Start(*this, link::NodeId{}, err);
   if (!endpoint_) return false;
   ips_ = LocalIpv4Addresses();
+  const char* ud_link = getenv("SOFTRDMA_UD_LINK");
+  ud_over_udp_ = ud_link && std::string(ud_link) == "udp";
   if (!slots_.Claim(endpoint_->port(), ips_, err)) return false;
   for (uint32_t ip : ips_) gids_.push_back(MakeGid({ip, endpoint_->port(), slots_.slot()}));
   link::NodeId id;
@@ -108,30 +110,35 @@ std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
   return it == qps_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn) {
+std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn,
+                                            bool datagram) {
+  std::optional<link::PeerAddr> addr;
+  bool self = false;
   if (attr.is_global) {
     if (auto f = ParseGid(attr.grh.dgid)) {
-      bool mine = f->port == endpoint_->port() &&
-                  (f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end());
-      if (mine) return endpoint_->Loopback();
-      SOFTRDMA_LOG("gid -> tcp link to %u.%u.%u.%u:%u", f->ip >> 24, (f->ip >> 16) & 255,
-                   (f->ip >> 8) & 255, f->ip & 255, f->port);
-      return endpoint_->Connect(link::PeerAddr{f->ip, f->port});
+      self = f->port == endpoint_->port() &&
+             (f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end());
+      addr = link::PeerAddr{f->ip, f->port};
     }
   }
   uint32_t slot = attr.dlid ? attr.dlid : qpn >> kQpIndexBits;
-  if (slot == slots_.slot()) {
+  if (!addr && !self) {
+    self = slot == slots_.slot();
+    if (!self) addr = slots_.Lookup(static_cast<uint16_t>(slot));
+  }
+  if (self) {
     SOFTRDMA_LOG("lid %u qpn %#x: this process, in-process link", slot, qpn);
     return endpoint_->Loopback();
   }
-  auto addr = slots_.Lookup(static_cast<uint16_t>(slot));
   if (!addr) {
     SOFTRDMA_LOG("lid %u qpn %#x: no such slot, unreachable", slot, qpn);
     return nullptr;
   }
-  SOFTRDMA_LOG("lid %u qpn %#x: tcp link to %u.%u.%u.%u:%u", slot, qpn, addr->ip >> 24,
-               (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255, addr->port);
-  return endpoint_->Connect(*addr);
+  bool udp = datagram && ud_over_udp_;
+  SOFTRDMA_LOG("lid %u qpn %#x: %s link to %u.%u.%u.%u:%u", slot, qpn, udp ? "udp" : "tcp",
+               addr->ip >> 24, (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255,
+               addr->port);
+  return udp ? endpoint_->Datagram(*addr) : endpoint_->Connect(*addr);
 }
 
 void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
@@ -40,7 +41,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::shared_ptr<Qp> FindQp(uint32_t qpn);
 
   // Finds the channel that reaches the node addressed by `attr` (and `qpn` when no GRH/LID).
-  std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn);
+  // `datagram`: the channel carries UD traffic, which may take the UDP link.
+  std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn,
+                                         bool datagram = false);
 
   // Runs inbound work on the calling thread (an application polling an empty CQ).
   bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
@@ -70,6 +73,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
 
   SlotRegistry slots_;
   std::vector<uint32_t> ips_;
+  bool ud_over_udp_ = false;  // SOFTRDMA_UD_LINK=udp
   std::vector<ibv_gid> gids_;
   uint64_t node_guid_ = 0;
   std::unique_ptr<link::Endpoint> endpoint_;

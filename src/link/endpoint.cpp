@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "link/frame_codec.h"
+#include "link/udp_link.h"
 
 namespace softrdma::link {
 namespace {
@@ -50,6 +51,8 @@ struct Endpoint::Impl {
   std::map<uint64_t, std::shared_ptr<TcpChannel>> outbound;
   std::set<std::shared_ptr<TcpChannel>> channels;
   std::vector<std::shared_ptr<TcpChannel>> graveyard;  // progress thread only
+
+  std::unique_ptr<UdpLink> udp;
 
   std::mutex loop_mu;  // guards loop_frames
   std::deque<OutFrame> loop_frames;
@@ -415,6 +418,15 @@ class WakePollable final : public Pollable {
   int fd_;
 };
 
+class UdpPollable final : public Pollable {
+ public:
+  explicit UdpPollable(UdpLink& link) : link_(link) {}
+  void OnEvents(uint32_t) override { link_.OnReadable(); }
+
+ private:
+  UdpLink& link_;
+};
+
 class ListenPollable final : public Pollable {
  public:
   explicit ListenPollable(Endpoint::Impl& ep) : ep_(ep) {}
@@ -543,29 +555,36 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, s
   Impl& im = *ep->impl_;
   im.epfd = epoll_create1(EPOLL_CLOEXEC);
   im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  im.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (im.epfd < 0 || im.wake_fd < 0 || im.listen_fd < 0) {
-    *err = std::string("socket setup: ") + strerror(errno);
+  if (im.epfd < 0 || im.wake_fd < 0) {
+    *err = std::string("epoll/eventfd: ") + strerror(errno);
     return nullptr;
   }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
-  if (bind(im.listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      listen(im.listen_fd, 1024) != 0) {
-    *err = std::string("listen: ") + strerror(errno);
-    return nullptr;
+  // TCP and UDP share one port number, so a GID names both. A port whose UDP twin is taken is
+  // given back and another one tried.
+  for (int attempt = 0; attempt < 32 && !im.udp; ++attempt) {
+    if (im.listen_fd >= 0) close(im.listen_fd);
+    im.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (im.listen_fd < 0 || bind(im.listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(im.listen_fd, 1024) != 0) {
+      *err = std::string("listen: ") + strerror(errno);
+      return nullptr;
+    }
+    socklen_t len = sizeof a;
+    getsockname(im.listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ep->port_ = ntohs(a.sin_port);
+    im.udp = UdpLink::Bind(ep->port_, sink, err);
   }
-  socklen_t len = sizeof a;
-  getsockname(im.listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ep->port_ = ntohs(a.sin_port);
+  if (!im.udp) return nullptr;
 
   auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
   im.wake_pollable = wake;
   Register(im.epfd, im.wake_fd, wake, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
+  Register(im.epfd, im.udp->fd(), new UdpPollable(*im.udp), EPOLLIN);
   im.loopback = std::make_shared<LoopbackChannel>(im, self);
   ep->loopback_ = im.loopback;
   im.thread = std::thread([&im] { im.Loop(); });
@@ -598,6 +617,8 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
 }
 
 void Endpoint::Wake() { impl_->Wake(); }
+
+std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) { return impl_->udp->To(peer); }
 
 bool Endpoint::PollOnce(bool wait) { return impl_->PollOnce(wait); }
 

@@ -1,4 +1,5 @@
-// A node's network presence: one TCP listener on all IPv4 addresses, outbound connections cached
+// A node's network presence: one TCP listener and one UDP socket on all IPv4 addresses (same
+// port number), outbound connections cached
 // per peer, the in-process loopback channel, and the progress thread that serves them. The thread
 // blocks in epoll and never spins; it is the only reader of inbound frames.
 #pragma once
@@ -23,6 +24,8 @@ class Endpoint {
   uint16_t port() const { return port_; }
   // The connection used to reach `peer`; opened on first use, reopened after it closed.
   std::shared_ptr<Channel> Connect(const PeerAddr& peer);
+  // Frames sent here go to `peer` as UDP datagrams (same port number as its TCP listener).
+  std::shared_ptr<Channel> Datagram(const PeerAddr& peer);
   // Frames sent here come back to this node's own sink.
   std::shared_ptr<Channel> Loopback() { return loopback_; }
   // The identity announced to peers; set before the first connection.

@@ -22,7 +22,7 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   ah->pd = &VerbsPd::From(pd)->core;
   ah->av.attr = *attr;
   // A destination nobody answers for still gets a handle: UD sends to it are simply lost.
-  ah->av.channel = hca.Resolve(*attr, 0);
+  ah->av.channel = hca.Resolve(*attr, 0, /*datagram=*/true);
   ++VerbsPd::From(pd)->users;
   return &ah->ibv;
 }
