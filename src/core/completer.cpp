@@ -57,7 +57,7 @@ void Qp::RetireLocked() {
       wc.wr_id = w.wr_id;
       wc.status = w.status;
       wc.opcode = WcOpcode(w.opcode);
-      wc.byte_len = w.opcode == IBV_WR_RDMA_READ || IsReadOrAtomic(w.opcode) ? w.length : w.length;
+      wc.byte_len = w.length;
       wc.qp_num = qpn_;
       PushCompletionLocked(send_cq_, wc, false);
     }

@@ -57,19 +57,20 @@ void Hca::AbandonAfterFork() {
 Hca::~Hca() = default;
 
 bool Hca::Start(std::string* err) {
-  endpoint_ = link::Endpoint::Start(*this, link::NodeId{}, err);
-  if (!endpoint_) return false;
   ips_ = LocalIpv4Addresses();
   const char* ud_link = getenv("SOFTRDMA_UD_LINK");
   ud_over_udp_ = ud_link && std::string(ud_link) == "udp";
-  if (!slots_.Claim(endpoint_->port(), ips_, err)) return false;
-  for (uint32_t ip : ips_) gids_.push_back(MakeGid({ip, endpoint_->port(), slots_.slot()}));
-  link::NodeId id;
-  std::memcpy(id.bytes, gids_[0].raw, sizeof id.bytes);
-  endpoint_->SetIdentity(id);
-  // EUI-64 style: a locally administered OUI, then the slot and the endpoint's port.
-  node_guid_ = 0x02534f46ff000000ull | (uint64_t{slots_.slot()} << 16) | endpoint_->port();
-  return true;
+  auto publish = [this, err](uint16_t port) -> std::optional<link::NodeId> {
+    if (!slots_.Claim(port, ips_, err)) return std::nullopt;
+    for (uint32_t ip : ips_) gids_.push_back(MakeGid({ip, port, slots_.slot()}));
+    // EUI-64 style: a locally administered prefix, then the slot and the endpoint's port.
+    node_guid_ = 0x02534f4600000000ull | (uint64_t{slots_.slot()} << 16) | port;
+    link::NodeId id;
+    std::memcpy(id.bytes, gids_[0].raw, sizeof id.bytes);
+    return id;
+  };
+  endpoint_ = link::Endpoint::Start(*this, publish, err);
+  return endpoint_ != nullptr;
 }
 
 std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err) {
@@ -151,21 +152,14 @@ void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {
 
 void Hca::QueueAck(const std::shared_ptr<Qp>& qp) { ack_qps_.push_back(qp); }
 
-void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
-                        uint32_t payload_len, link::RxTarget& t) {
-  // Structural checks: the headers the opcode promises are exactly what arrived.
-  if (hdr_len < sizeof(wire::Lrh) + sizeof(wire::Bth)) {
-    ++malformed_;
-    return ch.Abort();
-  }
+bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet* out) {
+  // The headers the opcode promises are exactly what arrived.
+  if (!hdr || hdr_len < sizeof(wire::Lrh) + sizeof(wire::Bth)) return false;
   Packet p{};
   p.lrh = reinterpret_cast<const wire::Lrh*>(hdr);
   size_t at = sizeof(wire::Lrh);
   if (p.lrh->has_grh()) {
-    if (hdr_len < at + sizeof(wire::Grh) + sizeof(wire::Bth)) {
-      ++malformed_;
-      return ch.Abort();
-    }
+    if (hdr_len < at + sizeof(wire::Grh) + sizeof(wire::Bth)) return false;
     p.grh = reinterpret_cast<const wire::Grh*>(hdr + at);
     at += sizeof(wire::Grh);
   }
@@ -173,7 +167,16 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
   p.info = &Opcode(p.bth->opcode);
   p.payload_len = payload_len;
   if (!p.info->valid() || at + p.info->length != hdr_len ||
-      (payload_len > 0 && !p.info->has(kHasPayload))) {
+      (payload_len > 0 && !p.info->has(kHasPayload)))
+    return false;
+  *out = p;
+  return true;
+}
+
+void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
+                        uint32_t payload_len, link::RxTarget& t) {
+  Packet p{};
+  if (!ParseFrame(hdr, hdr_len, payload_len, &p)) {
     ++malformed_;
     return ch.Abort();
   }

@@ -47,6 +47,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
 
   // Runs inbound work on the calling thread (an application polling an empty CQ).
   bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
+  // See link::Endpoint::SecureQueuedPayloads.
+  void SecureQueuedPayloads() { endpoint_->SecureQueuedPayloads(); }
 
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread

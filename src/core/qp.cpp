@@ -220,6 +220,8 @@ void Qp::ResetLocked() {
 
 void Qp::EnterErrorLocked() {
   FlushAckLocked();
+  // Frames of WQEs about to complete may still sit in a link queue, borrowing their buffers.
+  if (type_ == IBV_QPT_RC && head_ != next_) hca_.SecureQueuedPayloads();
   bool was_error = state_ == IBV_QPS_ERR;
   SetStateLocked(IBV_QPS_ERR);
   for (uint64_t i = head_; i < tail_; ++i) {
@@ -295,21 +297,38 @@ int Qp::ValidateWr(const ibv_send_wr& wr) const {
   return 0;
 }
 
-int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad) {
+int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch) {
   std::lock_guard<std::mutex> g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET || state_ == IBV_QPS_INIT || state_ == IBV_QPS_RTR) {
     *bad = wr;
     return EINVAL;
+  }
+  if (whole_batch) {
+    // ibv_wr_post(3): "No work is executed to the queue until ibv_wr_complete() returns
+    // success". Check the whole batch first so that a refused one leaves nothing queued.
+    uint64_t room = sq_.size() - (tail_ - head_);
+    for (const ibv_send_wr* w = wr; w; w = w->next) {
+      int r = ValidateWr(*w);
+      if (r == 0 && room-- == 0) r = ENOMEM;
+      if (r) {
+        *bad = w;
+        return r;
+      }
+    }
   }
   for (; wr; wr = wr->next) {
     int r = ValidateWr(*wr);
     if (r) {
       SOFTRDMA_LOG("qp %#x: post_send opcode %d refused (%d)", qpn_, wr->opcode, r);
       *bad = wr;
+      // The WRs before the bad one are posted (ibv_post_send(3)): start them now, or they would
+      // wait for the next post.
+      RunRequesterLocked();
       return r;
     }
     if (tail_ - head_ == sq_.size()) {
       *bad = wr;
+      RunRequesterLocked();  // as above: what was queued before the full queue still runs
       return ENOMEM;
     }
     SendWqe& w = sq_[tail_ % sq_.size()];
@@ -405,6 +424,7 @@ void Qp::Shutdown() {
   std::unique_lock<std::mutex> g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
+  hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
   for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {
     g.unlock();
@@ -446,8 +466,20 @@ void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
 
 void Qp::RxAbort(link::RxTarget& t) {
   std::lock_guard<std::mutex> g(mu_);
-  (void)t;
   if (rx_active_ > 0) --rx_active_;
+  RxWork& w = WorkOf(t);
+  if (!shut_down_ && !w.is_response && w.has_recv && state_ != IBV_QPS_ERR) {
+    if (srq_)
+      srq_->PushFront(w.recv);
+    else
+      rq_->PushFront(w.recv);
+  }
+  // Nor does the PSN its header took count: left advanced, the retransmission of this request
+  // would be ACKed as a duplicate without being executed (hostile_peer_test
+  // AConnectionDroppedMidWriteLeavesOthersWorking).
+  if (!shut_down_ && !w.is_response && w.kind != RxWork::kDrop && type_ == IBV_QPT_RC &&
+      state_ != IBV_QPS_ERR && rq_psn_ == ((w.psn + 1) & wire::kPsnMask))
+    rq_psn_ = w.psn;
 }
 
 void Qp::OnChannelClosed(link::Channel& ch) {

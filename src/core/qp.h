@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/limits.h"
 #include "core/opcode.h"
 #include "core/recv_queue.h"
 #include "core/wire.h"
@@ -48,6 +49,13 @@ struct Packet {
     return reinterpret_cast<const T*>(reinterpret_cast<const uint8_t*>(bth) + offset);
   }
 };
+
+// The structural check of an inbound frame's IB headers, before anything acts on them: an LRH,
+// the GRH its LNH announces, a BTH with a known opcode, then exactly the extension headers that
+// opcode has, and no payload where the opcode carries none. Fills `out` with pointers into `hdr`.
+// False for anything a well-behaved peer never sends. Pure, so the fuzzer checks it directly
+// (tests/fuzz/frame_decoder_fuzz.cpp); Hca::OnFrameHeader drops the connection when it fails.
+bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet* out);
 
 struct SendWqe {
   uint64_t wr_id;
@@ -92,7 +100,9 @@ class Qp : public std::enable_shared_from_this<Qp> {
   // Control path (application threads).
   int Modify(const ibv_qp_attr& attr, int mask);
   int Query(ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
-  int PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad);
+  // `whole_batch` (ibv_wr_complete): refuse the entire chain if any WR of it would be refused,
+  // instead of posting the WRs before the bad one as ibv_post_send does.
+  int PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch = false);
   int PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   // Waits for inbound frames that target the QP to finish, then detaches it from the HCA.
   void Shutdown();
@@ -202,7 +212,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
     uint64_t orig;
     bool valid;
   };
-  AtomicReplay atomic_replay_[16] = {};
+  // As deep as max_dest_rd_atomic can be, so any retransmitted atomic still finds its result.
+  AtomicReplay atomic_replay_[kMaxRdAtomic] = {};
   unsigned atomic_replay_next_ = 0;
 };
 

@@ -27,12 +27,13 @@ struct Qp::RxWork {
   uint8_t sl;
   uint64_t wr_id;
   uint64_t wqe_index;
+  RecvWqe recv;  // the receive WQE this message took, to give back if it never completes
   static constexpr uint8_t kNoNak = 0xff;
 };
 
 inline Qp::RxWork& WorkOf(link::RxTarget& t) {
   static_assert(std::is_trivially_copyable_v<Qp::RxWork>);
-  static_assert(sizeof(Qp::RxWork) <= sizeof(t.scratch));
+  static_assert(sizeof(Qp::RxWork) <= sizeof(t.scratch));  // see link.h
   return *reinterpret_cast<Qp::RxWork*>(t.scratch);
 }
 

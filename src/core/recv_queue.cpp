@@ -10,7 +10,9 @@ namespace softrdma::core {
 int RecvQueue::Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   std::lock_guard<std::mutex> g(mu_);
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge_) {
+    // A count without a list is refused, as post_send does, instead of read through NULL.
+    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge_ ||
+        (wr->num_sge > 0 && !wr->sg_list)) {
       *bad = wr;
       return EINVAL;
     }
@@ -34,6 +36,14 @@ bool RecvQueue::Pop(RecvWqe* out) {
   head_ = (head_ + 1) % ring_.size();
   --count_;
   return true;
+}
+
+void RecvQueue::PushFront(const RecvWqe& w) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (count_ == ring_.size()) return;  // cannot happen: the WQE came from this ring
+  head_ = (head_ + ring_.size() - 1) % ring_.size();
+  ring_[head_] = w;
+  ++count_;
 }
 
 std::vector<RecvWqe> RecvQueue::Drain() {

@@ -26,6 +26,10 @@ class RecvQueue {
   // request not queued.
   int Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   bool Pop(RecvWqe* out);
+  // Returns a WQE taken by a message that never completed (its connection died mid-frame, or
+  // the request was refused after the WQE was taken): the next message uses it, as on hardware
+  // where an unfinished message leaves the WQE at the head of the queue.
+  void PushFront(const RecvWqe& w);
   // Takes every queued WQE (for flushing).
   std::vector<RecvWqe> Drain();
   uint32_t size() const;

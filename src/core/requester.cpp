@@ -147,7 +147,6 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
 
   f.payload_outlives_send = type_ == IBV_QPT_RC;
   av->channel->Send(std::move(f));
-  if (type_ == IBV_QPT_RC) ArmRetransmitLocked();
   return IBV_WC_SUCCESS;
 }
 
@@ -172,7 +171,9 @@ void Qp::RunRequesterLocked() {
       return;
     }
     ++next_;
-    if (type_ != IBV_QPT_RC) {
+    if (type_ == IBV_QPT_RC) {
+      ArmRetransmitLocked();  // after ++next_: the period counts this message's bytes too
+    } else {
       w.done = true;
       RetireLocked();
     }

@@ -125,10 +125,41 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   }
   bool duplicate_read = type_ == IBV_QPT_RC && wire::PsnDiff(psn, rq_psn_) < 0;
 
+  // Checks that can refuse a request come before it takes a receive WQE.
+  if (info.mask & kIsWrite) {
+    const auto* reth = p.ext<wire::Reth>(info.reth);
+    uint32_t len = reth->length();
+    if (len != p.payload_len) {
+      t.nseg = 0;
+      w.kind = RxWork::kDrop;
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    }
+    if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
+      w.kind = RxWork::kDrop;
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    }
+    if (len > 0) {
+      KeyCheck why;
+      uint8_t* host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len,
+                                         IBV_ACCESS_REMOTE_WRITE, false, &why);
+      if (!host) {
+        w.kind = RxWork::kDrop;
+        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
+                                    IBV_EVENT_QP_ACCESS_ERR);
+      }
+      t.Add(host, len);
+    }
+    w.kind = RxWork::kWrite;
+    w.wc_opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+    w.byte_len = len;
+  }
+
   if (info.mask & kConsumesRecv) {
     RecvWqe r;
     if (!TakeRecvLocked(&r)) {
       SOFTRDMA_LOG("qp %#x: no receive WQE for psn %#x", qpn_, psn);
+      t.nseg = 0;
+      w.kind = RxWork::kDrop;
       if (type_ == IBV_QPT_RC) {
         rnr_nak_outstanding_ = true;
         SendAckLocked(ch, wire::aeth::kRnrNak | (attr_.min_rnr_timer & 0x1f), psn);
@@ -136,6 +167,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       return;
     }
     w.has_recv = true;
+    w.recv = r;
     w.wr_id = r.wr_id;
     w.recv_status = IBV_WC_SUCCESS;
     w.kind = RxWork::kRecv;
@@ -172,37 +204,6 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
         w.nak = wire::aeth::kNakInvalidRequest;
         t.nseg = 0;
       }
-    }
-  }
-
-  if (info.mask & kIsWrite) {
-    const auto* reth = p.ext<wire::Reth>(info.reth);
-    uint32_t len = reth->length();
-    if (len != p.payload_len) {
-      t.nseg = 0;
-      w.kind = RxWork::kDrop;
-      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
-    }
-    if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
-      w.kind = RxWork::kDrop;
-      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
-    }
-    if (len > 0) {
-      KeyCheck why;
-      uint8_t* host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len,
-                                         IBV_ACCESS_REMOTE_WRITE, false, &why);
-      if (!host) {
-        w.kind = RxWork::kDrop;
-        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
-                                    IBV_EVENT_QP_ACCESS_ERR);
-      }
-      t.Add(host, len);
-    }
-    if (w.has_recv) {
-      w.wc_opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-      w.byte_len = len;
-    } else {
-      w.kind = RxWork::kWrite;
     }
   }
 
@@ -246,7 +247,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     } else {
       orig = __atomic_fetch_add(target, a->swap_add_value(), __ATOMIC_SEQ_CST);
     }
-    atomic_replay_[atomic_replay_next_++ % 16] = AtomicReplay{psn, orig, true};
+    atomic_replay_[atomic_replay_next_++ % kMaxRdAtomic] = AtomicReplay{psn, orig, true};
     rq_psn_ = (psn + 1) & wire::kPsnMask;
     ++msn_;
     SendAtomicAckLocked(ch, psn, orig);
@@ -276,6 +277,7 @@ void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
   }
   w.kind = RxWork::kRecv;
   w.has_recv = true;
+  w.recv = r;
   w.wr_id = r.wr_id;
   w.recv_status = IBV_WC_SUCCESS;
   w.wc_opcode = IBV_WC_RECV;
@@ -324,6 +326,9 @@ void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
 
 void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   if (w.kind == RxWork::kDrop) return;
+  // A failed message completes after every earlier one: release held completions and the ACK
+  // owed for older PSNs before its error completion and NAK.
+  if (w.nak != RxWork::kNoNak && state_ != IBV_QPS_ERR) FlushAckLocked();
   if (w.has_recv) {
     ibv_wc wc{};
     wc.wr_id = w.wr_id;

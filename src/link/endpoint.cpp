@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -63,10 +64,10 @@ struct Endpoint::Impl {
   std::mutex progress_mu;
   Pollable* wake_pollable = nullptr;
   void Loop();
-  void Dispatch(epoll_event* events, int n, bool include_wake);
+  int Dispatch(epoll_event* events, int n, bool include_wake);
   bool PollOnce(bool wait);
   void AcceptAll();
-  void DrainLoopback();
+  int DrainLoopback();
   void Retire(const std::shared_ptr<TcpChannel>& ch);
   void Wake() {
     uint64_t one = 1;
@@ -153,6 +154,11 @@ class TcpChannel final : public Channel, public Pollable {
   }
 
   int fd() const { return fd_; }
+
+  void OwnQueuedPayloads() {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    for (TxItem& t : txq_) t.frame.OwnPayload();
+  }
 
  private:
   struct TxItem {
@@ -386,7 +392,6 @@ namespace {
 class LoopbackChannel final : public Channel {
  public:
   LoopbackChannel(Endpoint::Impl& ep, const NodeId& self) : ep_(ep) { peer_id_ = self; }
-  void SetPeer(const NodeId& id) { peer_id_ = id; }
   void Send(OutFrame&& f) override {
     if (!f.payload_outlives_send) f.OwnPayload();
     bool was_empty;
@@ -478,7 +483,7 @@ void Endpoint::Impl::AcceptAll() {
   }
 }
 
-void Endpoint::Impl::DrainLoopback() {
+int Endpoint::Impl::DrainLoopback() {
   std::deque<OutFrame> batch;
   {
     std::lock_guard<std::mutex> g(loop_mu);
@@ -506,16 +511,20 @@ void Endpoint::Impl::DrainLoopback() {
     }
     sink.OnFrameEnd(*loopback, t);
   }
+  return static_cast<int>(batch.size());
 }
 
-void Endpoint::Impl::Dispatch(epoll_event* events, int n, bool include_wake) {
+int Endpoint::Impl::Dispatch(epoll_event* events, int n, bool include_wake) {
+  int handled = 0;
   for (int i = 0; i < n; ++i) {
     auto* p = static_cast<Pollable*>(events[i].data.ptr);
     if (p == wake_pollable && !include_wake) continue;
     p->OnEvents(events[i].events);
+    ++handled;
   }
-  DrainLoopback();
+  handled += DrainLoopback();
   sink.OnBatchEnd();
+  return handled;
 }
 
 void Endpoint::Impl::Loop() {
@@ -543,15 +552,16 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   epoll_event events[64];
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
-  Dispatch(events, n < 0 ? 0 : n, false);
+  int handled = Dispatch(events, n < 0 ? 0 : n, false);
   graveyard.clear();
   progress_mu.unlock();
-  return n > 0;
+  return handled > 0;
 }
 
-std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, std::string* err) {
+std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& identity,
+                                          std::string* err) {
   std::unique_ptr<Endpoint> ep(new Endpoint());
-  ep->impl_ = std::make_unique<Impl>(sink, self);
+  ep->impl_ = std::make_unique<Impl>(sink, NodeId{});
   Impl& im = *ep->impl_;
   im.epfd = epoll_create1(EPOLL_CLOEXEC);
   im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -578,6 +588,10 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, s
     im.udp = UdpLink::Bind(ep->port_, sink, err);
   }
   if (!im.udp) return nullptr;
+  // Known before any connection can exist: peers learn the port only from what identity() does.
+  std::optional<NodeId> self = identity(ep->port_);
+  if (!self) return nullptr;
+  im.self = *self;
 
   auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
@@ -585,7 +599,7 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const NodeId& self, s
   Register(im.epfd, im.wake_fd, wake, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
   Register(im.epfd, im.udp->fd(), new UdpPollable(*im.udp), EPOLLIN);
-  im.loopback = std::make_shared<LoopbackChannel>(im, self);
+  im.loopback = std::make_shared<LoopbackChannel>(im, im.self);
   ep->loopback_ = im.loopback;
   im.thread = std::thread([&im] { im.Loop(); });
   return ep;
@@ -618,14 +632,22 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
 
 void Endpoint::Wake() { impl_->Wake(); }
 
+void Endpoint::SecureQueuedPayloads() {
+  Impl& im = *impl_;
+  std::vector<std::shared_ptr<TcpChannel>> all;
+  {
+    std::lock_guard<std::mutex> g(im.mu);
+    all.assign(im.channels.begin(), im.channels.end());
+  }
+  for (auto& ch : all) ch->OwnQueuedPayloads();
+  std::lock_guard<std::mutex> g(im.loop_mu);
+  for (OutFrame& f : im.loop_frames) f.OwnPayload();
+}
+
 std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) { return impl_->udp->To(peer); }
 
 bool Endpoint::PollOnce(bool wait) { return impl_->PollOnce(wait); }
 
-void Endpoint::SetIdentity(const NodeId& self) {
-  impl_->self = self;
-  static_cast<LoopbackChannel*>(impl_->loopback.get())->SetPeer(self);
-}
 
 void Endpoint::Abandon() {
   // The child of fork() has no progress thread; leak the parent's state rather than close sockets

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,8 +19,12 @@ namespace softrdma::link {
 
 class Endpoint {
  public:
-  // Binds the listener (port 0 = any) and starts the progress thread.
-  static std::unique_ptr<Endpoint> Start(FrameSink& sink, const NodeId& self, std::string* err);
+  // Called once the port is bound and before the progress thread starts: publishes the node
+  // (e.g. claims its slot) and returns the identity announced to peers, or nullopt to give up.
+  using IdentityFn = std::function<std::optional<NodeId>(uint16_t port)>;
+  // Binds the listener and the UDP socket (one port number) and starts the progress thread.
+  static std::unique_ptr<Endpoint> Start(FrameSink& sink, const IdentityFn& identity,
+                                         std::string* err);
   ~Endpoint();
 
   uint16_t port() const { return port_; }
@@ -28,11 +34,12 @@ class Endpoint {
   std::shared_ptr<Channel> Datagram(const PeerAddr& peer);
   // Frames sent here come back to this node's own sink.
   std::shared_ptr<Channel> Loopback() { return loopback_; }
-  // The identity announced to peers; set before the first connection.
-  void SetIdentity(const NodeId& self);
   // Handles inbound work that has already arrived, on the calling thread. Unless `wait`, gives up
   // at once when another thread is doing it. Returns whether there was any.
   bool PollOnce(bool wait = false);
+  // Copies the payloads that queued frames still borrow from application memory, before that
+  // memory may go away (a QP failing or destroyed, a region deregistered).
+  void SecureQueuedPayloads();
   // Makes the progress thread re-evaluate its timers now.
   void Wake();
   // Stops the thread without touching sockets: for a fork()ed child that must not act on the

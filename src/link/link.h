@@ -52,7 +52,8 @@ struct RxTarget {
   iovec seg[kMaxSegs + 1];
   int nseg = 0;
   std::shared_ptr<void> hold;  // keeps the sink's receiving object alive until the frame ends
-  alignas(8) unsigned char scratch[128] = {};  // sink-private per-frame state
+  // Sink-private per-frame state (the core keeps the receive WQE a message took here).
+  alignas(8) unsigned char scratch[704] = {};
   void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
 };
 

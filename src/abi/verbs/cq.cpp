@@ -156,12 +156,14 @@ bool TakeCurrent(VerbsCq* cq) {
 int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   VerbsCq* cq = X(c);
-  cq->core->lock().lock();
-  if (!TakeCurrent(cq)) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    cq->core->lock().lock();
+    if (TakeCurrent(cq)) return 0;
     cq->core->lock().unlock();  // callers do not end_poll after ENOENT
-    return ENOENT;
+    // Like ibv_poll_cq: an empty CQ makes the caller handle inbound work once.
+    if (attempt == 0 && !CoreOf(c->context).hca().Progress()) break;
   }
-  return 0;
+  return ENOENT;
 }
 
 int NextPoll(ibv_cq_ex* c) { return TakeCurrent(X(c)) ? 0 : ENOENT; }

@@ -51,6 +51,9 @@ SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
 SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                          unsigned int access) {
   if (!pd || length == 0 || !addr) return Fail<ibv_mr>(EINVAL);
+  // A range that wraps the address space does not exist (the kernel's ib_umem_get says EINVAL);
+  // accepted, an in-bounds remote offset would land below `addr`.
+  if (length > UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr)) return Fail<ibv_mr>(EINVAL);
   if (int r = CheckAccess(access)) return Fail<ibv_mr>(r);
   VerbsPd* p = VerbsPd::From(pd);
   core::Hca& hca = CoreOf(pd->context).hca();
@@ -118,8 +121,8 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     m.access = access & static_cast<int>(kKnownAccess);
   }
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-    if (!addr || length == 0) {
-      errno = EINVAL;
+    if (!addr || length == 0 || length > UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr)) {
+      errno = EINVAL;  // as ibv_reg_mr: no range that wraps the address space
       return IBV_REREG_MR_ERR_INPUT;
     }
     m.addr = static_cast<uint8_t*>(addr);
@@ -140,7 +143,10 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
 
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return EINVAL;
-  if (!CoreOf(mr->context).hca().mrs().Remove(mr->lkey)) return EINVAL;
+  core::Hca& hca = CoreOf(mr->context).hca();
+  if (!hca.mrs().Remove(mr->lkey)) return EINVAL;
+  // Read responses still queued may point into the region the caller is about to free.
+  hca.SecureQueuedPayloads();
   --VerbsPd::From(mr->pd)->users;
   delete VerbsMr::From(mr);
   return 0;

@@ -226,7 +226,7 @@ int WrComplete(ibv_qp_ex* q) {
     it.wr.next = i + 1 < b.items.size() ? &b.items[i + 1].wr : nullptr;
   }
   const ibv_send_wr* bad = nullptr;
-  int r = Q(q)->core->PostSend(&b.items[0].wr, &bad);
+  int r = Q(q)->core->PostSend(&b.items[0].wr, &bad, /*whole_batch=*/true);
   b.items.clear();
   return r;
 }
