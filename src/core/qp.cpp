@@ -66,6 +66,18 @@ void Qp::PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited) {
 
 namespace {
 
+// Applications are C: an enum field of their ibv_qp_attr can hold any int, and loading an
+// out-of-range value as the C++ enum is undefined behaviour (UBSan: "load of value 42, which is not
+// a valid value for type 'ibv_qp_state'", qp_state_test IllegalModifyIsEinvalAndChangesNothing).
+// Such fields are read as the integers they are.
+template <typename E>
+int RawEnum(const E& field) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+
 bool ValidAccess(int flags) {
   constexpr int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                          IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND |
@@ -80,7 +92,11 @@ int Qp::ApplyAttrs(const ibv_qp_attr& a, int mask) {
   if ((mask & IBV_QP_PORT) && a.port_num != kPortNum) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
   if ((mask & IBV_QP_ACCESS_FLAGS) && !ValidAccess(a.qp_access_flags)) return EINVAL;
-  if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096))
+  if ((mask & IBV_QP_PATH_MTU) &&
+      (RawEnum(a.path_mtu) < IBV_MTU_256 || RawEnum(a.path_mtu) > IBV_MTU_4096))
+    return EINVAL;
+  if ((mask & IBV_QP_PATH_MIG_STATE) &&
+      (RawEnum(a.path_mig_state) < IBV_MIG_MIGRATED || RawEnum(a.path_mig_state) > IBV_MIG_ARMED))
     return EINVAL;
   if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxRdAtomic) return EINVAL;
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > kMaxRdAtomic) return EINVAL;
@@ -142,8 +158,13 @@ int Qp::ApplyAttrs(const ibv_qp_attr& a, int mask) {
 int Qp::Modify(const ibv_qp_attr& attr, int mask) {
   std::lock_guard<std::mutex> g(mu_);
   ibv_qp_state cur = state_;
-  ibv_qp_state next = (mask & IBV_QP_STATE) ? attr.qp_state : cur;
-  int r = CheckQpTransition(type_, cur, next, mask, attr.cur_qp_state);
+  int raw_next = (mask & IBV_QP_STATE) ? RawEnum(attr.qp_state) : cur;
+  int raw_claimed = (mask & IBV_QP_CUR_STATE) ? RawEnum(attr.cur_qp_state) : cur;
+  if (raw_next < IBV_QPS_RESET || raw_next > IBV_QPS_ERR || raw_claimed < IBV_QPS_RESET ||
+      raw_claimed > IBV_QPS_ERR)
+    return EINVAL;
+  ibv_qp_state next = static_cast<ibv_qp_state>(raw_next);
+  int r = CheckQpTransition(type_, cur, next, mask, static_cast<ibv_qp_state>(raw_claimed));
   if (r == 0) r = ApplyAttrs(attr, mask);
   if (r) {
     SOFTRDMA_LOG("qp %#x: modify %d->%d mask %#x refused", qpn_, cur, next, mask);
@@ -381,7 +402,10 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
     w.status = IBV_WC_SUCCESS;
     w.psn = 0;
     ++tail_;
-    if (state_ == IBV_QPS_ERR) {
+    // In ERR, and in SQE (the send-queue error state of UC/UD), new send WRs complete flushed
+    // (IBTA 10.3.1); before, a send posted in SQE sat in the queue forever (wc_errors_test
+    // UdSendLargerThanMtuIsLocLenErrAndOnlyStopsTheSendQueue).
+    if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
       w.done = true;
       w.status = IBV_WC_WR_FLUSH_ERR;
       next_ = tail_;
