@@ -20,9 +20,13 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
     } else {
       Cqe& e = ring_[(head_ + count_) % ring_.size()];
       e.wc = wc;
+      // The completion timestamp counts on a clock that never steps (hca_core_clock is 1 GHz);
+      // the wallclock reading is the real time of day.
       timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
+      clock_gettime(CLOCK_MONOTONIC, &ts);
       e.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+      clock_gettime(CLOCK_REALTIME, &ts);
+      e.wallclock_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
       ++count_;
       if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
         armed_ = kDisarmed;

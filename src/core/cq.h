@@ -15,7 +15,8 @@ class Context;
 
 struct Cqe {
   ibv_wc wc;
-  uint64_t timestamp_ns;  // for ibv_wc_read_completion_ts / _wallclock_ns
+  uint64_t timestamp_ns;  // CLOCK_MONOTONIC, for ibv_wc_read_completion_ts
+  uint64_t wallclock_ns;  // CLOCK_REALTIME, for ibv_wc_read_completion_wallclock_ns
 };
 
 // Carries the user's CQ handle of each completion event (what ibv_get_cq_event returns).

@@ -279,7 +279,8 @@ struct WrOpRule {
 };
 
 // Which work-request opcodes each transport accepts (IBTA 10.7.3 / ibv_post_send(3)).
-WrOpRule RuleFor(ibv_wr_opcode op) {
+// `op` is read as an integer: a C caller may pass any value, which a C++ enum cannot hold.
+WrOpRule RuleFor(int op) {
   switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -300,7 +301,9 @@ WrOpRule RuleFor(ibv_wr_opcode op) {
 }  // namespace
 
 int Qp::ValidateWr(const ibv_send_wr& wr) const {
-  WrOpRule rule = RuleFor(wr.opcode);
+  int raw_opcode;
+  std::memcpy(&raw_opcode, &wr.opcode, sizeof raw_opcode);
+  WrOpRule rule = RuleFor(raw_opcode);
   bool ok = (type_ == IBV_QPT_RC && rule.rc) || (type_ == IBV_QPT_UC && rule.uc) ||
             (type_ == IBV_QPT_UD && rule.ud);
   if (!ok) return EINVAL;

@@ -53,6 +53,7 @@ int64_t RetransmitPeriodNs(uint8_t timeout, uint64_t bytes_in_flight) {
 
 uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited, uint32_t dqpn,
                                uint32_t psn, const AddressVector* ud_av) {
+  uint32_t payload_len = f.payload_len;
   uint8_t* p = f.hdr;
   const ibv_ah_attr& ah = ud_av ? ud_av->attr : av_.attr;
   auto* lrh = reinterpret_cast<wire::Lrh*>(p);
@@ -64,8 +65,11 @@ uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited
     uint8_t sidx = ah.is_global && ah.grh.sgid_index < gids.size() ? ah.grh.sgid_index : 0;
     static const uint8_t kZero[16] = {};
     auto* grh = reinterpret_cast<wire::Grh*>(p);
-    grh->Set(ah.grh.traffic_class, ah.grh.flow_label, 0, ah.is_global ? ah.grh.hop_limit : 64,
-             gids[sidx].raw, ah.is_global ? ah.grh.dgid.raw : kZero);
+    // PayLen: what follows the GRH (transport headers, payload, the 4-byte ICRC of RoCE).
+    uint16_t pay_len = static_cast<uint16_t>(Opcode(opcode).length + payload_len + 4);
+    grh->Set(ah.grh.traffic_class, ah.grh.flow_label, pay_len,
+             ah.is_global ? ah.grh.hop_limit : 64, gids[sidx].raw,
+             ah.is_global ? ah.grh.dgid.raw : kZero);
     p += sizeof(wire::Grh);
   }
   auto* bth = reinterpret_cast<wire::Bth*>(p);

@@ -63,6 +63,10 @@ struct Endpoint::Impl {
   // an application thread that polls an empty CQ (so busy-polling never waits for a wake-up).
   std::mutex progress_mu;
   Pollable* wake_pollable = nullptr;
+  // Never freed (the loop may race exit), but held here so that LeakSanitizer sees them reachable:
+  // referenced only from epoll, they were reported as leaks (frame_decoder_fuzz, ASan test runs).
+  Pollable* listen_pollable = nullptr;
+  Pollable* udp_pollable = nullptr;
   void Loop();
   int Dispatch(epoll_event* events, int n, bool include_wake);
   bool PollOnce(bool wait);
@@ -598,7 +602,9 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   im.wake_pollable = wake;
   Register(im.epfd, im.wake_fd, wake, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
-  Register(im.epfd, im.udp->fd(), new UdpPollable(*im.udp), EPOLLIN);
+  im.listen_pollable = listen;
+  im.udp_pollable = new UdpPollable(*im.udp);
+  Register(im.epfd, im.udp->fd(), im.udp_pollable, EPOLLIN);
   im.loopback = std::make_shared<LoopbackChannel>(im, im.self);
   ep->loopback_ = im.loopback;
   im.thread = std::thread([&im] { im.Loop(); });

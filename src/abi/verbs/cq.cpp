@@ -181,6 +181,7 @@ uint32_t ReadSlid(ibv_cq_ex* c) { return Cur(c).slid; }
 uint8_t ReadSl(ibv_cq_ex* c) { return Cur(c).sl; }
 uint8_t ReadDlidPathBits(ibv_cq_ex* c) { return Cur(c).dlid_path_bits; }
 uint64_t ReadTimestamp(ibv_cq_ex* c) { return X(c)->current.timestamp_ns; }
+uint64_t ReadWallclock(ibv_cq_ex* c) { return X(c)->current.wallclock_ns; }
 uint16_t ReadCvlan(ibv_cq_ex*) { return 0; }
 uint32_t ReadFlowTag(ibv_cq_ex*) { return 0; }
 void ReadTmInfo(ibv_cq_ex*, ibv_wc_tm_info* info) { *info = ibv_wc_tm_info{}; }
@@ -206,6 +207,6 @@ void InstallCqExOps(ibv_cq_ex* c) {
   c->read_cvlan = ReadCvlan;
   c->read_flow_tag = ReadFlowTag;
   c->read_tm_info = ReadTmInfo;
-  c->read_completion_wallclock_ns = ReadTimestamp;
+  c->read_completion_wallclock_ns = ReadWallclock;
 }
 }  // namespace softrdma::abi

@@ -37,7 +37,12 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
                               IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                               IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                               IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
-    if (send_ops & ~kOps) return Fail<ibv_qp>(EOPNOTSUPP);
+    // What each transport can carry (ibv_create_qp_ex(3): unsupported operations fail creation).
+    constexpr uint64_t kUcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                                IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    uint64_t allowed = a->qp_type == IBV_QPT_RC ? kOps : a->qp_type == IBV_QPT_UC ? kUcOps : kUdOps;
+    if (send_ops & ~allowed) return Fail<ibv_qp>(EOPNOTSUPP);
   }
 
   if (a->srq) cap.max_recv_wr = cap.max_recv_sge = 0;
