@@ -158,6 +158,8 @@ bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet
   Packet p{};
   p.lrh = reinterpret_cast<const wire::Lrh*>(hdr);
   size_t at = sizeof(wire::Lrh);
+  // LNH 0 (raw) and 1 (IP, non-IBA) never carry IB transport: not ours to interpret.
+  if ((p.lrh->sl_lnh & 3) < wire::Lrh::kLnhLocal) return false;
   if (p.lrh->has_grh()) {
     if (hdr_len < at + sizeof(wire::Grh) + sizeof(wire::Bth)) return false;
     p.grh = reinterpret_cast<const wire::Grh*>(hdr + at);
@@ -179,6 +181,12 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
   if (!ParseFrame(hdr, hdr_len, payload_len, &p)) {
     ++malformed_;
     return ch.Abort();
+  }
+  // A datagram link has no hello and no connection to answer on: it carries UD traffic only, so
+  // whoever can reach the UDP port cannot drive RC/UC QPs through it.
+  if (ch.is_datagram() && OpTransport(p.bth->opcode) != op::kUd) {
+    ++malformed_;
+    return;
   }
   std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
   if (!qp) {  // like a real HCA: frames for unknown QPs vanish

@@ -557,7 +557,10 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
   int handled = Dispatch(events, n < 0 ? 0 : n, false);
-  graveyard.clear();
+  // The graveyard is emptied by the progress thread only, after its own Dispatch: it may be
+  // waiting for progress_mu with events from an epoll_wait made before these channels closed, and
+  // freeing them here made it call into freed channels (ASan heap-use-after-free,
+  // hostile_peer_test with --gtest_repeat under load).
   progress_mu.unlock();
   return handled > 0;
 }

@@ -64,6 +64,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual void Send(OutFrame&& f) = 0;
   virtual bool closed() const = 0;
   virtual bool is_loopback() const = 0;
+  // Connectionless (UDP): no hello, no replies.
+  virtual bool is_datagram() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
   // Identity the peer announced; valid once frames arrive from it.

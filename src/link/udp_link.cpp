@@ -42,6 +42,7 @@ class UdpChannel final : public Channel {
   }
   bool closed() const override { return false; }
   bool is_loopback() const override { return false; }
+  bool is_datagram() const override { return true; }
   void Abort() override {}
 
  private:
@@ -56,6 +57,7 @@ class InboundChannel final : public Channel {
   void Send(OutFrame&&) override {}
   bool closed() const override { return false; }
   bool is_loopback() const override { return false; }
+  bool is_datagram() const override { return true; }
   void Abort() override {}
 };
 

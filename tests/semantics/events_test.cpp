@@ -117,7 +117,7 @@ struct ChannelSetup {
 
 class ChannelEvents : public VerbsTest {
  protected:
-  void Setup(ChannelSetup* s) {
+  void MakeChannel(ChannelSetup* s) {
     s->ch = v.NewChannel();
     ASSERT_NE(s->ch, nullptr);
     s->cq = v.NewCq(64, s->ch, &marker_);
@@ -143,7 +143,7 @@ class ChannelEvents : public VerbsTest {
 
 TEST_F(ChannelEvents, OneEventPerArmingOnAPollableFd) {
   ChannelSetup s;
-  ASSERT_NO_FATAL_FAILURE(Setup(&s));
+  ASSERT_NO_FATAL_FAILURE(MakeChannel(&s));
   EXPECT_FALSE(Readable(s.ch->fd, milliseconds(0)));
 
   // Not armed: a completion arrives, no event.
@@ -175,7 +175,7 @@ TEST_F(ChannelEvents, OneEventPerArmingOnAPollableFd) {
 
 TEST_F(ChannelEvents, SolicitedOnlyArmingFiresOnSolicitedOrErrorCompletionsOnly) {
   ChannelSetup s;
-  ASSERT_NO_FATAL_FAILURE(Setup(&s));
+  ASSERT_NO_FATAL_FAILURE(MakeChannel(&s));
   ASSERT_EQ(ibv_req_notify_cq(s.cq, 1), 0);
 
   // An unsolicited SEND: its completion is there, but no event.

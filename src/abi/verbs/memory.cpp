@@ -1,4 +1,7 @@
 // Protection domains and memory regions.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "abi/verbs/export.h"
@@ -29,6 +32,13 @@ int CheckAccess(unsigned access) {
   return 0;
 }
 
+bool IsMapped(const void* addr, size_t length) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
+  return msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+
 }  // namespace
 
 SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
@@ -55,6 +65,9 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   // accepted, an in-bounds remote offset would land below `addr`.
   if (length > UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr)) return Fail<ibv_mr>(EINVAL);
   if (int r = CheckAccess(access)) return Fail<ibv_mr>(r);
+  // The kernel pins the pages and says EFAULT for memory that is not mapped; msync() asks the
+  // same question without touching the pages.
+  if (!IsMapped(addr, length)) return Fail<ibv_mr>(EFAULT);
   VerbsPd* p = VerbsPd::From(pd);
   core::Hca& hca = CoreOf(pd->context).hca();
   core::Mr m{};

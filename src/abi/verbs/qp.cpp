@@ -24,6 +24,7 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD)
     return Fail<ibv_qp>(EOPNOTSUPP);
   if (!a->send_cq || !a->recv_cq) return Fail<ibv_qp>(EINVAL);
+  if (a->srq && a->qp_type == IBV_QPT_UC) return Fail<ibv_qp>(EINVAL);  // IBTA: no SRQ for UC
   ibv_qp_cap& cap = a->cap;
   if (cap.max_send_wr > core::kMaxQpWr || cap.max_send_sge > core::kMaxSge ||
       cap.max_inline_data > core::kMaxInlineData ||

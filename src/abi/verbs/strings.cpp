@@ -22,13 +22,23 @@ namespace {
 
 constexpr const char kUnknown[] = "unknown";
 
+// C callers may pass any int as one of these enums, and loading an out-of-range value as the C++
+// enum is undefined (UBSan, strings_test's OutOfRange cases): each is read as the int it is.
+template <typename E>
+int Raw(const E& v) {
+  static_assert(sizeof(E) == sizeof(int));
+  int i;
+  std::memcpy(&i, &v, sizeof i);
+  return i;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // Enum -> human-readable string.  Out-of-range values give "unknown".
 
 SOFTRDMA_EXPORT const char* ibv_node_type_str(enum ibv_node_type node_type) {
-  switch (node_type) {
+  switch (Raw(node_type)) {
     case IBV_NODE_CA:
       return "InfiniBand channel adapter";
     case IBV_NODE_SWITCH:
@@ -49,7 +59,7 @@ SOFTRDMA_EXPORT const char* ibv_node_type_str(enum ibv_node_type node_type) {
 }
 
 SOFTRDMA_EXPORT const char* ibv_port_state_str(enum ibv_port_state port_state) {
-  switch (port_state) {
+  switch (Raw(port_state)) {
     case IBV_PORT_NOP:
       return "no state change (NOP)";
     case IBV_PORT_DOWN:
@@ -68,7 +78,7 @@ SOFTRDMA_EXPORT const char* ibv_port_state_str(enum ibv_port_state port_state) {
 }
 
 SOFTRDMA_EXPORT const char* ibv_event_type_str(enum ibv_event_type event) {
-  switch (event) {
+  switch (Raw(event)) {
     case IBV_EVENT_CQ_ERR:
       return "CQ error";
     case IBV_EVENT_QP_FATAL:
@@ -115,7 +125,7 @@ SOFTRDMA_EXPORT const char* ibv_event_type_str(enum ibv_event_type event) {
 }
 
 SOFTRDMA_EXPORT const char* ibv_wc_status_str(enum ibv_wc_status status) {
-  switch (status) {
+  switch (Raw(status)) {
     case IBV_WC_SUCCESS:
       return "success";
     case IBV_WC_LOC_LEN_ERR:
@@ -205,7 +215,7 @@ constexpr RateRow kRates[] = {
     {IBV_RATE_1200_GBPS, 480, 1275000},
 };
 
-constexpr const RateRow* find_rate(enum ibv_rate rate) {
+constexpr const RateRow* find_rate(int rate) {
   for (const RateRow& row : kRates)
     if (row.rate == rate) return &row;
   return nullptr;
@@ -214,7 +224,7 @@ constexpr const RateRow* find_rate(enum ibv_rate rate) {
 }  // namespace
 
 SOFTRDMA_EXPORT int ibv_rate_to_mult(enum ibv_rate rate) {
-  const RateRow* row = find_rate(rate);
+  const RateRow* row = find_rate(Raw(rate));
   return row ? row->mult : -1;
 }
 
@@ -226,7 +236,7 @@ SOFTRDMA_EXPORT enum ibv_rate mult_to_ibv_rate(int mult) {
 }
 
 SOFTRDMA_EXPORT int ibv_rate_to_mbps(enum ibv_rate rate) {
-  const RateRow* row = find_rate(rate);
+  const RateRow* row = find_rate(Raw(rate));
   return row ? row->mbps : -1;
 }
 
