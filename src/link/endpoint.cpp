@@ -7,6 +7,8 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +59,7 @@ struct Endpoint::Impl {
 
   std::mutex loop_mu;  // guards loop_frames
   std::deque<OutFrame> loop_frames;
+  std::atomic<size_t> loop_frames_pending{0};  // a lock-free hint of loop_frames.size()
   std::shared_ptr<Channel> loopback;
 
   // Whoever holds progress_mu handles inbound work: the progress thread after epoll wakes it, or
@@ -242,9 +245,11 @@ class TcpChannel final : public Channel, public Pollable {
       rx_end_ -= rx_begin_;
       rx_begin_ = 0;
     }
-    ssize_t r = recv(fd_, rx_.get() + rx_end_, kRxBufferBytes - rx_end_, MSG_DONTWAIT);
+    size_t room = kRxBufferBytes - rx_end_;
+    ssize_t r = recv(fd_, rx_.get() + rx_end_, room, MSG_DONTWAIT);
     if (r > 0) {
       rx_end_ += static_cast<size_t>(r);
+      drained_ = static_cast<size_t>(r) < room;
       return true;
     }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
@@ -325,10 +330,15 @@ class TcpChannel final : public Channel, public Pollable {
   }
 
   void OnReadable() {
+    drained_ = false;
     for (int frames = 0; frames < kFramesPerWakeup && !dead_;) {
       if (in_frame_) {
         if (!PumpPayload()) break;
         ++frames;
+        // The last read left the socket empty and every byte is consumed: asking again would only
+        // return EAGAIN, one system call later on the way to sending the ACK. Level-triggered
+        // epoll reports anything that arrives meanwhile.
+        if (drained_ && Buffered() == 0) break;
         continue;
       }
       if (!hello_done_) {
@@ -384,6 +394,7 @@ class TcpChannel final : public Channel, public Pollable {
   size_t rx_begin_ = 0, rx_end_ = 0;
   bool hello_done_ = false;
   bool dead_ = false;
+  bool drained_ = false;  // the last recv() returned less than it could take
   bool in_frame_ = false;
   RxTarget target_;
   uint64_t remaining_ = 0;
@@ -403,6 +414,7 @@ class LoopbackChannel final : public Channel {
       std::lock_guard<std::mutex> g(ep_.loop_mu);
       was_empty = ep_.loop_frames.empty();
       ep_.loop_frames.push_back(std::move(f));
+      ep_.loop_frames_pending.store(ep_.loop_frames.size(), std::memory_order_relaxed);
     }
     if (was_empty) ep_.Wake();
   }
@@ -492,6 +504,7 @@ int Endpoint::Impl::DrainLoopback() {
   {
     std::lock_guard<std::mutex> g(loop_mu);
     batch.swap(loop_frames);
+    loop_frames_pending.store(0, std::memory_order_relaxed);
   }
   for (OutFrame& f : batch) {
     RxTarget t;
@@ -532,6 +545,16 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n, bool include_wake) {
 }
 
 void Endpoint::Impl::Loop() {
+  // The thread sleeps in epoll and runs only to move frames. When the process may (root or
+  // CAP_SYS_NICE) it runs at the lowest real-time priority: an application busy-polling memory
+  // (ib_write_lat) would otherwise keep its core for a whole time slice while the frame it waits
+  // for sits unread (measured: write latency average 108 us without, 22 us with).
+  // SOFTRDMA_NO_RT=1 opts out.
+  if (!getenv("SOFTRDMA_NO_RT")) {
+    sched_param sp{};
+    sp.sched_priority = 1;
+    pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+  }
   epoll_event events[64];
   int64_t deadline = INT64_MAX;
   while (!stop.load(std::memory_order_acquire)) {
@@ -549,11 +572,20 @@ void Endpoint::Impl::Loop() {
 }
 
 bool Endpoint::Impl::PollOnce(bool wait) {
-  if (wait)
-    progress_mu.lock();
-  else if (!progress_mu.try_lock())
-    return false;
   epoll_event events[64];
+  if (!wait) {
+    // Most polls of an empty CQ find nothing: ask epoll first, without the progress mutex, so a
+    // busy poller does not keep the progress thread waiting on it (each such wait costs two
+    // context switches). The answer is only a hint: events are fetched again under the mutex,
+    // since a channel it names may be gone by then.
+    int ready = epoll_wait(epfd, events, 64, 0);
+    bool any = false;
+    for (int i = 0; i < ready; ++i) any |= events[i].data.ptr != wake_pollable;
+    if (!any && loop_frames_pending.load(std::memory_order_relaxed) == 0) return false;
+    if (!progress_mu.try_lock()) return false;
+  } else {
+    progress_mu.lock();
+  }
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
   int handled = Dispatch(events, n < 0 ? 0 : n, false);
