@@ -531,6 +531,9 @@ int64_t Qp::OnTimer(int64_t now) {
   }
   int64_t next = RetransmitTimerLocked(now);
   if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
+  // Stay registered a while after the last arming: request/response traffic re-arms the timer on
+  // every post, and registering again would wake the progress thread each time.
+  if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs) return last_arm_ns_ + kTimerLingerNs;
   if (next == INT64_MAX && timer_registered_) {
     timer_registered_ = false;
     hca_.DisarmTimer(this);

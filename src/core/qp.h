@@ -187,6 +187,10 @@ class Qp : public std::enable_shared_from_this<Qp> {
   int64_t rnr_resume_at_ = 0;  // non-zero while waiting out an RNR NAK
   bool drained_event_pending_ = false;
   bool timer_registered_ = false;
+  int64_t last_arm_ns_ = 0;
+  // How long an idle QP keeps its place among the timers (a first retransmit after a quiet spell
+  // may fire up to this much late; frames arriving meanwhile re-evaluate timers anyway).
+  static constexpr int64_t kTimerLingerNs = 100'000'000;
   friend class Hca;
 
   // Receive side.

@@ -188,7 +188,8 @@ void Qp::ArmRetransmitLocked() {
   if (retransmit_deadline_ != INT64_MAX || attr_.timeout == 0) return;
   uint64_t bytes = 0;
   for (uint64_t i = head_; i < next_; ++i) bytes += sq_[i % sq_.size()].length;
-  retransmit_deadline_ = link::NowNs() + RetransmitPeriodNs(attr_.timeout, bytes);
+  last_arm_ns_ = link::NowNs();
+  retransmit_deadline_ = last_arm_ns_ + RetransmitPeriodNs(attr_.timeout, bytes);
   if (!timer_registered_) {
     timer_registered_ = true;
     hca_.ArmTimer(shared_from_this());
