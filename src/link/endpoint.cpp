@@ -46,7 +46,15 @@ struct Endpoint::Impl {
   Impl(FrameSink& s, const NodeId& id) : sink(s), self(id) {}
   FrameSink& sink;
   NodeId self;
-  int epfd = -1, listen_fd = -1, wake_fd = -1;
+  // Every socket lives in `epfd`. The progress thread sleeps on `outer_fd`, which holds `epfd`
+  // itself and the wake eventfd: an application thread polling an empty CQ disarms `epfd` there
+  // for the length of its poll, so frames it is about to handle do not also wake (and preempt)
+  // the progress thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
+  int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1;
+  std::mutex claim_mu;  // guards claims and the arming of epfd in outer_fd
+  int claims = 0;
+  void Claim();
+  void Release();
   std::thread thread;
   std::atomic<bool> stop{false};
 
@@ -73,6 +81,7 @@ struct Endpoint::Impl {
   void Loop();
   int Dispatch(epoll_event* events, int n, bool include_wake);
   bool PollOnce(bool wait);
+  bool PollOnceClaimed();
   void AcceptAll();
   int DrainLoopback();
   void Retire(const std::shared_ptr<TcpChannel>& ch);
@@ -563,17 +572,54 @@ void Endpoint::Impl::Loop() {
       int64_t wait = deadline - NowNs();
       timeout_ms = wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
     }
-    int n = epoll_wait(epfd, events, 64, timeout_ms);
+    epoll_event outer[2];
+    int woke = epoll_wait(outer_fd, outer, 2, timeout_ms);
     std::lock_guard<std::mutex> g(progress_mu);
+    for (int i = 0; i < woke; ++i)
+      if (outer[i].data.ptr == wake_pollable) wake_pollable->OnEvents(outer[i].events);
+    int n = epoll_wait(epfd, events, 64, 0);
     Dispatch(events, n < 0 ? 0 : n, true);
     deadline = sink.OnTimers(NowNs());
     graveyard.clear();
   }
 }
 
+void Endpoint::Impl::Claim() {
+  std::lock_guard<std::mutex> g(claim_mu);
+  if (claims++ > 0) return;
+  epoll_event ev{};
+  ev.events = 0;
+  ev.data.ptr = nullptr;
+  epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+}
+
+void Endpoint::Impl::Release() {
+  std::lock_guard<std::mutex> g(claim_mu);
+  if (--claims > 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+}
+
 bool Endpoint::Impl::PollOnce(bool wait) {
-  epoll_event events[64];
   if (!wait) {
+    Claim();
+    bool r = PollOnceClaimed();
+    Release();
+    return r;
+  }
+  progress_mu.lock();
+  epoll_event events[64];
+  int n = epoll_wait(epfd, events, 64, 0);
+  int handled = Dispatch(events, n < 0 ? 0 : n, false);
+  progress_mu.unlock();
+  return handled > 0;
+}
+
+bool Endpoint::Impl::PollOnceClaimed() {
+  epoll_event events[64];
+  {
     // Most polls of an empty CQ find nothing: ask epoll first, without the progress mutex, so a
     // busy poller does not keep the progress thread waiting on it (each such wait costs two
     // context switches). The answer is only a hint: events are fetched again under the mutex,
@@ -583,8 +629,6 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     for (int i = 0; i < ready; ++i) any |= events[i].data.ptr != wake_pollable;
     if (!any && loop_frames_pending.load(std::memory_order_relaxed) == 0) return false;
     if (!progress_mu.try_lock()) return false;
-  } else {
-    progress_mu.lock();
   }
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
@@ -603,8 +647,9 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   ep->impl_ = std::make_unique<Impl>(sink, NodeId{});
   Impl& im = *ep->impl_;
   im.epfd = epoll_create1(EPOLL_CLOEXEC);
+  im.outer_fd = epoll_create1(EPOLL_CLOEXEC);
   im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (im.epfd < 0 || im.wake_fd < 0) {
+  if (im.epfd < 0 || im.outer_fd < 0 || im.wake_fd < 0) {
     *err = std::string("epoll/eventfd: ") + strerror(errno);
     return nullptr;
   }
@@ -635,7 +680,8 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
   im.wake_pollable = wake;
-  Register(im.epfd, im.wake_fd, wake, EPOLLIN);
+  Register(im.outer_fd, im.wake_fd, wake, EPOLLIN);
+  Register(im.outer_fd, im.epfd, nullptr, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
   im.listen_pollable = listen;
   im.udp_pollable = new UdpPollable(*im.udp);
@@ -710,6 +756,7 @@ Endpoint::~Endpoint() {
   close(impl_->listen_fd);
   close(impl_->wake_fd);
   close(impl_->epfd);
+  close(impl_->outer_fd);
 }
 
 }  // namespace softrdma::link
