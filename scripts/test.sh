@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: a release build with every test (unit, semantics, Debian tools on one host
-# and across network namespaces, bounded fuzzing), then an ASan+UBSan build of the test suites.
+# and across network namespaces), an ASan+UBSan build of the suites with bounded fuzzing, and a
+# ThreadSanitizer build of the suites.
 # Ends with one line "N passed, M failed" summing both runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,9 @@ build() {  # dir cmake-args...
   cmake -B "$dir" "$@" >/dev/null && cmake --build "$dir" -j"$jobs" 2>&1 | tail -3
 }
 
+echo "=== clang-format"
+if bash .ci/format-check.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+
 if build build -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
   run_ctest release build
 else
@@ -49,6 +53,15 @@ if build build-asan -DCMAKE_BUILD_TYPE=Debug -DSOFTRDMA_SANITIZE=ON -DSOFTRDMA_F
     run_ctest asan build-asan -LE integration
 else
   echo "sanitizer build failed"
+  failed=$((failed + 1))
+fi
+
+# ThreadSanitizer over the concurrent core (progress thread vs. application threads). Forked
+# peers start threads after fork(), which TSan refuses unless told to carry on.
+if build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSOFTRDMA_TSAN=ON; then
+  TSAN_OPTIONS=halt_on_error=1:die_after_fork=0 run_ctest tsan build-tsan -LE 'integration|fuzz'
+else
+  echo "tsan build failed"
   failed=$((failed + 1))
 fi
 

@@ -99,8 +99,8 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
     for (uint32_t ip : ips) info << ' ' << ip;
     info << '\n';
     std::string text = info.str();
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) !=
-                                     static_cast<ssize_t>(text.size())) {
+    if (ftruncate(fd, 0) != 0 ||
+        pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
       close(fd);
       continue;
     }

@@ -15,13 +15,20 @@ namespace {
 ibv_wc_opcode WcOpcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
-    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
-    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
-    default: return IBV_WC_SEND;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    case IBV_WR_LOCAL_INV:
+      return IBV_WC_LOCAL_INV;
+    case IBV_WR_BIND_MW:
+      return IBV_WC_BIND_MW;
+    default:
+      return IBV_WC_SEND;
   }
 }
 
@@ -32,17 +39,21 @@ bool IsReadOrAtomic(ibv_wr_opcode op) {
 
 ibv_wc_status NakStatus(uint8_t code) {
   switch (code) {
-    case wire::aeth::kNakInvalidRequest: return IBV_WC_REM_INV_REQ_ERR;
-    case wire::aeth::kNakRemoteAccess: return IBV_WC_REM_ACCESS_ERR;
-    case wire::aeth::kNakRemoteOperation: return IBV_WC_REM_OP_ERR;
-    default: return IBV_WC_BAD_RESP_ERR;
+    case wire::aeth::kNakInvalidRequest:
+      return IBV_WC_REM_INV_REQ_ERR;
+    case wire::aeth::kNakRemoteAccess:
+      return IBV_WC_REM_ACCESS_ERR;
+    case wire::aeth::kNakRemoteOperation:
+      return IBV_WC_REM_OP_ERR;
+    default:
+      return IBV_WC_BAD_RESP_ERR;
   }
 }
 
 // IBTA table 45: the RNR NAK timer field, in microseconds.
-constexpr uint32_t kRnrDelayUs[32] = {655360, 10,    20,    30,    40,     60,     80,     120,
-                                      160,    240,   320,   480,   640,    960,    1280,   1920,
-                                      2560,   3840,  5120,  7680,  10240,  15360,  20480,  30720,
+constexpr uint32_t kRnrDelayUs[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                      160,    240,   320,   480,    640,    960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
                                       40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 }  // namespace
@@ -147,8 +158,8 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
     if (head_ != idx) return;
     uint64_t orig = p.ext<wire::AtomicAckEth>(info.atomic_ack)->value();
     KeyCheck why;
-    uint8_t* host = hca_.mrs().Resolve(w.sge[0].lkey, pd_, w.sge[0].addr, 8,
-                                       IBV_ACCESS_LOCAL_WRITE, true, &why);
+    uint8_t* host = hca_.mrs().Resolve(w.sge[0].lkey, pd_, w.sge[0].addr, 8, IBV_ACCESS_LOCAL_WRITE,
+                                       true, &why);
     if (!host) return FailHeadLocked(idx, IBV_WC_LOC_PROT_ERR);
     std::memcpy(host, &orig, 8);
     CompleteSendWqeLocked(w, IBV_WC_SUCCESS);

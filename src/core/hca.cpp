@@ -111,8 +111,7 @@ std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
   return it == qps_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn,
-                                            bool datagram) {
+std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn, bool datagram) {
   std::optional<link::PeerAddr> addr;
   bool self = false;
   if (attr.is_global) {
@@ -150,7 +149,9 @@ void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {
   endpoint_->Wake();
 }
 
-void Hca::QueueAck(const std::shared_ptr<Qp>& qp) { ack_qps_.push_back(qp); }
+void Hca::QueueAck(const std::shared_ptr<Qp>& qp) {
+  ack_qps_.push_back(qp);
+}
 
 bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet* out) {
   // The headers the opcode promises are exactly what arrived.
@@ -175,8 +176,8 @@ bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet
   return true;
 }
 
-void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len,
-                        uint32_t payload_len, link::RxTarget& t) {
+void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
+                        link::RxTarget& t) {
   Packet p{};
   if (!ParseFrame(hdr, hdr_len, payload_len, &p)) {
     ++malformed_;

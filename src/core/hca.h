@@ -53,7 +53,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread
   void QueueAck(const std::shared_ptr<Qp>& qp);  // progress thread
-  void DisarmTimer(Qp* qp);  // caller holds the QP's lock
+  void DisarmTimer(Qp* qp);                      // caller holds the QP's lock
 
   // FrameSink.
   void OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,

@@ -6,8 +6,8 @@
 
 namespace softrdma::core {
 
-constexpr uint32_t kVendorId = 0x534f46;     // "SOF": no vendor library recognises it
-constexpr uint32_t kVendorPartId = 0x5244;   // not in perftest's device table: it stays generic
+constexpr uint32_t kVendorId = 0x534f46;    // "SOF": no vendor library recognises it
+constexpr uint32_t kVendorPartId = 0x5244;  // not in perftest's device table: it stays generic
 constexpr uint32_t kHwVersion = 1;
 constexpr uint32_t kMaxQpWr = 16384;
 constexpr uint32_t kMaxSge = 32;

@@ -17,10 +17,10 @@ inline bool LogEnabled() {
 
 }  // namespace softrdma::core
 
-#define SOFTRDMA_LOG(...)                              \
-  do {                                                 \
-    if (::softrdma::core::LogEnabled()) {              \
+#define SOFTRDMA_LOG(...)                             \
+  do {                                                \
+    if (::softrdma::core::LogEnabled()) {             \
       std::fprintf(stderr, "softrdma: " __VA_ARGS__); \
-      std::fputc('\n', stderr);                        \
-    }                                                  \
+      std::fputc('\n', stderr);                       \
+    }                                                 \
   } while (0)

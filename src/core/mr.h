@@ -15,11 +15,11 @@ struct Pd {
 
 struct Mr {
   const Pd* pd;
-  uint8_t* addr;    // host address of the first byte
+  uint8_t* addr;  // host address of the first byte
   uint64_t length;
-  uint64_t iova;    // the address remote peers use for the first byte
-  int access;       // ibv_access_flags
-  uint32_t key;     // lkey == rkey
+  uint64_t iova;  // the address remote peers use for the first byte
+  int access;     // ibv_access_flags
+  uint32_t key;   // lkey == rkey
 };
 
 enum class KeyCheck { kOk, kBadKey, kBadPd, kBadRange, kBadAccess };

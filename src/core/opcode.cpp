@@ -71,10 +71,8 @@ constexpr Row kConnectedOps[] = {
      kIsResponse | kIsAtomic | kIsOnly | kHasAeth | kHasAtomicAck},
     {op::kCompareSwap, "COMPARE_SWAP", kIsRequest | kIsAtomic | kIsOnly | kHasAtomicEth},
     {op::kFetchAdd, "FETCH_ADD", kIsRequest | kIsAtomic | kIsOnly | kHasAtomicEth},
-    {op::kSendLastInv, "SEND_LAST_WITH_INVALIDATE",
-     kSendReq | kIsLast | kHasIeth | kCompletesRecv},
-    {op::kSendOnlyInv, "SEND_ONLY_WITH_INVALIDATE",
-     kSendReq | kIsOnly | kHasIeth | kCompletesRecv},
+    {op::kSendLastInv, "SEND_LAST_WITH_INVALIDATE", kSendReq | kIsLast | kHasIeth | kCompletesRecv},
+    {op::kSendOnlyInv, "SEND_ONLY_WITH_INVALIDATE", kSendReq | kIsOnly | kHasIeth | kCompletesRecv},
 };
 
 // UC carries sends and writes only (IBTA table 38).
@@ -86,7 +84,8 @@ constexpr std::array<OpInfo, 256> BuildTable() {
   std::array<OpInfo, 256> t{};
   for (const Row& r : kConnectedOps) {
     t[op::kRc | r.code] = Make(r.name, r.mask);
-    t[op::kXrc | r.code] = Make(r.name, r.mask | ((r.mask & kIsRequest) ? uint32_t{kHasXrcEth} : 0u));
+    t[op::kXrc | r.code] =
+        Make(r.name, r.mask | ((r.mask & kIsRequest) ? uint32_t{kHasXrcEth} : 0u));
     if (InUc(r.code)) t[op::kUc | r.code] = Make(r.name, r.mask);
   }
   t[op::kUd | op::kSendOnly] = Make("UD_SEND_ONLY", kSendReq | kIsOnly | kHasDeth | kCompletesRecv);
@@ -102,13 +101,17 @@ static_assert(kTable[op::kRc | op::kWriteOnlyImm].length == 12 + 16 + 4);
 static_assert(kTable[op::kRc | op::kWriteOnlyImm].imm == 28);
 static_assert(kTable[op::kRc | op::kCompareSwap].length == 12 + 28);
 static_assert(kTable[op::kRc | op::kAtomicAcknowledge].atomic_ack == 16);
-static_assert(kTable[op::kUd | op::kSendOnlyImm].deth == 12 && kTable[op::kUd | op::kSendOnlyImm].imm == 20);
-static_assert(kTable[op::kXrc | op::kWriteOnly].xrceth == 12 && kTable[op::kXrc | op::kWriteOnly].reth == 16);
+static_assert(kTable[op::kUd | op::kSendOnlyImm].deth == 12 &&
+              kTable[op::kUd | op::kSendOnlyImm].imm == 20);
+static_assert(kTable[op::kXrc | op::kWriteOnly].xrceth == 12 &&
+              kTable[op::kXrc | op::kWriteOnly].reth == 16);
 static_assert(!kTable[op::kUc | op::kReadRequest].valid());
 static_assert(!kTable[0xff].valid());
 
 }  // namespace
 
-const OpInfo& Opcode(uint8_t opcode) { return kTable[opcode]; }
+const OpInfo& Opcode(uint8_t opcode) {
+  return kTable[opcode];
+}
 
 }  // namespace softrdma::core

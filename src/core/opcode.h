@@ -33,7 +33,7 @@ enum OpMask : uint32_t {
   kHasDeth = 1u << 6,
   kHasXrcEth = 1u << 7,
   kHasPayload = 1u << 8,
-  kIsRequest = 1u << 9,   // goes to the responder
+  kIsRequest = 1u << 9,    // goes to the responder
   kIsResponse = 1u << 10,  // goes to the completer
   kIsSend = 1u << 11,
   kIsWrite = 1u << 12,
@@ -43,7 +43,7 @@ enum OpMask : uint32_t {
   kIsMiddle = 1u << 16,
   kIsLast = 1u << 17,
   kIsOnly = kIsFirst | kIsLast,
-  kConsumesRecv = 1u << 18,  // takes a receive WQE
+  kConsumesRecv = 1u << 18,   // takes a receive WQE
   kCompletesRecv = 1u << 19,  // the packet that generates the receive completion
   kValid = 1u << 31,
 };
@@ -62,6 +62,8 @@ struct OpInfo {
 const OpInfo& Opcode(uint8_t opcode);
 
 // Which transport an opcode belongs to (the top 3 bits).
-inline uint8_t OpTransport(uint8_t opcode) { return opcode & 0xe0; }
+inline uint8_t OpTransport(uint8_t opcode) {
+  return opcode & 0xe0;
+}
 
 }  // namespace softrdma::core

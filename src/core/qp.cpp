@@ -35,11 +35,12 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
   inline_pool_.resize(size_t{depth} * cap_.max_inline_data);
   for (uint32_t i = 0; i < depth; ++i) {
     sq_[i].sge = &sge_pool_[size_t{i} * sges];
-    sq_[i].inline_buf = cap_.max_inline_data ? &inline_pool_[size_t{i} * cap_.max_inline_data]
-                                             : nullptr;
+    sq_[i].inline_buf =
+        cap_.max_inline_data ? &inline_pool_[size_t{i} * cap_.max_inline_data] : nullptr;
   }
-  if (!srq_) rq_ = std::make_unique<RecvQueue>(cap_.max_recv_wr ? cap_.max_recv_wr : 1,
-                                               cap_.max_recv_sge ? cap_.max_recv_sge : 1);
+  if (!srq_)
+    rq_ = std::make_unique<RecvQueue>(cap_.max_recv_wr ? cap_.max_recv_wr : 1,
+                                      cap_.max_recv_sge ? cap_.max_recv_sge : 1);
   attr_.qp_state = IBV_QPS_RESET;
   attr_.port_num = kPortNum;
   attr_.path_mtu = IBV_MTU_4096;
@@ -79,10 +80,9 @@ int RawEnum(const E& field) {
 }
 
 bool ValidAccess(int flags) {
-  constexpr int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND |
-                         IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND |
-                         IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING;
+  constexpr int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                         IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                         IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING;
   return (flags & ~kKnown) == 0;
 }
 
@@ -533,7 +533,8 @@ int64_t Qp::OnTimer(int64_t now) {
   if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
   // Stay registered a while after the last arming: request/response traffic re-arms the timer on
   // every post, and registering again would wake the progress thread each time.
-  if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs) return last_arm_ns_ + kTimerLingerNs;
+  if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs)
+    return last_arm_ns_ + kTimerLingerNs;
   if (next == INT64_MAX && timer_registered_) {
     timer_registered_ = false;
     hca_.DisarmTimer(this);

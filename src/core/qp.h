@@ -132,7 +132,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void RunRequesterLocked();
   ibv_wc_status SendWqeLocked(SendWqe& w);
   uint8_t* BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited, uint32_t dqpn,
-                         uint32_t psn, const AddressVector* ud_av);
+                             uint32_t psn, const AddressVector* ud_av);
   void ArmRetransmitLocked();
 
   // completer.cpp

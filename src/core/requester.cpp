@@ -20,23 +20,35 @@ struct WrMapping {
 
 WrMapping MapWr(ibv_wr_opcode op) {
   switch (op) {
-    case IBV_WR_SEND: return {op::kSendOnly, false};
-    case IBV_WR_SEND_WITH_IMM: return {op::kSendOnlyImm, false};
-    case IBV_WR_SEND_WITH_INV: return {op::kSendOnlyInv, false};
-    case IBV_WR_RDMA_WRITE: return {op::kWriteOnly, false};
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return {op::kWriteOnlyImm, false};
-    case IBV_WR_RDMA_READ: return {op::kReadRequest, true};
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return {op::kCompareSwap, true};
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return {op::kFetchAdd, true};
-    default: return {0xff, false};
+    case IBV_WR_SEND:
+      return {op::kSendOnly, false};
+    case IBV_WR_SEND_WITH_IMM:
+      return {op::kSendOnlyImm, false};
+    case IBV_WR_SEND_WITH_INV:
+      return {op::kSendOnlyInv, false};
+    case IBV_WR_RDMA_WRITE:
+      return {op::kWriteOnly, false};
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return {op::kWriteOnlyImm, false};
+    case IBV_WR_RDMA_READ:
+      return {op::kReadRequest, true};
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return {op::kCompareSwap, true};
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return {op::kFetchAdd, true};
+    default:
+      return {0xff, false};
   }
 }
 
 uint8_t TransportBits(ibv_qp_type t) {
   switch (t) {
-    case IBV_QPT_UC: return op::kUc;
-    case IBV_QPT_UD: return op::kUd;
-    default: return op::kRc;
+    case IBV_QPT_UC:
+      return op::kUc;
+    case IBV_QPT_UD:
+      return op::kUd;
+    default:
+      return op::kRc;
   }
 }
 
@@ -67,9 +79,8 @@ uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited
     auto* grh = reinterpret_cast<wire::Grh*>(p);
     // PayLen: what follows the GRH (transport headers, payload, the 4-byte ICRC of RoCE).
     uint16_t pay_len = static_cast<uint16_t>(Opcode(opcode).length + payload_len + 4);
-    grh->Set(ah.grh.traffic_class, ah.grh.flow_label, pay_len,
-             ah.is_global ? ah.grh.hop_limit : 64, gids[sidx].raw,
-             ah.is_global ? ah.grh.dgid.raw : kZero);
+    grh->Set(ah.grh.traffic_class, ah.grh.flow_label, pay_len, ah.is_global ? ah.grh.hop_limit : 64,
+             gids[sidx].raw, ah.is_global ? ah.grh.dgid.raw : kZero);
     p += sizeof(wire::Grh);
   }
   auto* bth = reinterpret_cast<wire::Bth*>(p);
@@ -197,8 +208,7 @@ void Qp::ArmRetransmitLocked() {
 }
 
 int64_t Qp::RetransmitTimerLocked(int64_t now) {
-  if (type_ != IBV_QPT_RC || head_ == next_ ||
-      (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) {
+  if (type_ != IBV_QPT_RC || head_ == next_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) {
     retransmit_deadline_ = INT64_MAX;
     return INT64_MAX;
   }

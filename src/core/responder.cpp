@@ -17,11 +17,15 @@ bool ResponderActive(ibv_qp_state s) {
   return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
 }
 
-uint8_t TransportOf(ibv_qp_type t) { return t == IBV_QPT_UC ? op::kUc : op::kRc; }
+uint8_t TransportOf(ibv_qp_type t) {
+  return t == IBV_QPT_UC ? op::kUc : op::kRc;
+}
 
 }  // namespace
 
-bool Qp::TakeRecvLocked(RecvWqe* out) { return srq_ ? srq_->PopForQp(out) : rq_->Pop(out); }
+bool Qp::TakeRecvLocked(RecvWqe* out) {
+  return srq_ ? srq_->PopForQp(out) : rq_->Pop(out);
+}
 
 void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
   link::OutFrame f;
@@ -144,8 +148,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
                                          IBV_ACCESS_REMOTE_WRITE, false, &why);
       if (!host) {
         w.kind = RxWork::kDrop;
-        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
-                                    IBV_EVENT_QP_ACCESS_ERR);
+        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
       }
       t.Add(host, len);
     }
@@ -218,8 +221,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len, IBV_ACCESS_REMOTE_READ, false,
                                 &why);
       if (!host)
-        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn,
-                                    IBV_EVENT_QP_ACCESS_ERR);
+        return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     }
     if (!duplicate_read) {
       rq_psn_ = (psn + 1) & wire::kPsnMask;
@@ -333,7 +335,7 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = state_ == IBV_QPS_ERR && w.recv_status == IBV_WC_SUCCESS ? IBV_WC_WR_FLUSH_ERR
-                                                                        : w.recv_status;
+                                                                         : w.recv_status;
     wc.opcode = w.wc_opcode;
     wc.byte_len = w.byte_len;
     if (w.wc_flags & IBV_WC_WITH_INV)

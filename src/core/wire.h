@@ -11,12 +11,18 @@
 
 namespace softrdma::wire {
 
-inline uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-inline uint32_t Load24(const uint8_t* p) { return uint32_t{p[0]} << 16 | uint32_t{p[1]} << 8 | p[2]; }
+inline uint16_t Load16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] << 8 | p[1]);
+}
+inline uint32_t Load24(const uint8_t* p) {
+  return uint32_t{p[0]} << 16 | uint32_t{p[1]} << 8 | p[2];
+}
 inline uint32_t Load32(const uint8_t* p) {
   return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | p[3];
 }
-inline uint64_t Load64(const uint8_t* p) { return uint64_t{Load32(p)} << 32 | Load32(p + 4); }
+inline uint64_t Load64(const uint8_t* p) {
+  return uint64_t{Load32(p)} << 32 | Load32(p + 4);
+}
 inline void Store16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v >> 8);
   p[1] = static_cast<uint8_t>(v);
@@ -210,16 +216,22 @@ static_assert(sizeof(Lrh) == 8 && offsetof(Lrh, slid) == 6);
 
 // AETH syndromes (IBTA 9.7.5.1): top 3 bits select ACK / RNR NAK / NAK.
 namespace aeth {
-constexpr uint8_t kAck = 0x1f;  // ACK, credit field "invalid" (no end-to-end credits)
+constexpr uint8_t kAck = 0x1f;     // ACK, credit field "invalid" (no end-to-end credits)
 constexpr uint8_t kRnrNak = 0x20;  // | 5-bit RNR timer code
-constexpr uint8_t kNak = 0x60;  // | NAK code below
+constexpr uint8_t kNak = 0x60;     // | NAK code below
 constexpr uint8_t kNakPsnSeqError = 0;
 constexpr uint8_t kNakInvalidRequest = 1;
 constexpr uint8_t kNakRemoteAccess = 2;
 constexpr uint8_t kNakRemoteOperation = 3;
-inline bool IsAck(uint8_t s) { return (s & 0xe0) == 0x00; }
-inline bool IsRnr(uint8_t s) { return (s & 0xe0) == kRnrNak; }
-inline bool IsNak(uint8_t s) { return (s & 0xe0) == kNak; }
+inline bool IsAck(uint8_t s) {
+  return (s & 0xe0) == 0x00;
+}
+inline bool IsRnr(uint8_t s) {
+  return (s & 0xe0) == kRnrNak;
+}
+inline bool IsNak(uint8_t s) {
+  return (s & 0xe0) == kNak;
+}
 }  // namespace aeth
 
 // PSN arithmetic on the 24-bit circle: negative when a is before b.

@@ -466,7 +466,9 @@ class ListenPollable final : public Pollable {
   Endpoint::Impl& ep_;
 };
 
-uint64_t Key(const PeerAddr& a) { return uint64_t{a.ip} << 16 | a.port; }
+uint64_t Key(const PeerAddr& a) {
+  return uint64_t{a.ip} << 16 | a.port;
+}
 
 void TuneSocket(int fd) {
   int one = 1;
@@ -570,7 +572,8 @@ void Endpoint::Impl::Loop() {
     int timeout_ms = -1;
     if (deadline != INT64_MAX) {
       int64_t wait = deadline - NowNs();
-      timeout_ms = wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
+      timeout_ms =
+          wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
     }
     epoll_event outer[2];
     int woke = epoll_wait(outer_fd, outer, 2, timeout_ms);
@@ -677,7 +680,8 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   if (!self) return nullptr;
   im.self = *self;
 
-  auto* wake = new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
+  auto* wake =
+      new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
   im.wake_pollable = wake;
   Register(im.outer_fd, im.wake_fd, wake, EPOLLIN);
@@ -717,7 +721,9 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
   return ch;
 }
 
-void Endpoint::Wake() { impl_->Wake(); }
+void Endpoint::Wake() {
+  impl_->Wake();
+}
 
 void Endpoint::SecureQueuedPayloads() {
   Impl& im = *impl_;
@@ -731,10 +737,13 @@ void Endpoint::SecureQueuedPayloads() {
   for (OutFrame& f : im.loop_frames) f.OwnPayload();
 }
 
-std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) { return impl_->udp->To(peer); }
+std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) {
+  return impl_->udp->To(peer);
+}
 
-bool Endpoint::PollOnce(bool wait) { return impl_->PollOnce(wait); }
-
+bool Endpoint::PollOnce(bool wait) {
+  return impl_->PollOnce(wait);
+}
 
 void Endpoint::Abandon() {
   // The child of fork() has no progress thread; leak the parent's state rather than close sockets

@@ -12,7 +12,7 @@
 
 namespace softrdma::link {
 
-constexpr int kMaxSegs = 32;          // payload pieces of one frame (one per SGE)
+constexpr int kMaxSegs = 32;             // payload pieces of one frame (one per SGE)
 constexpr size_t kMaxHeaderBytes = 128;  // LRH+GRH+BTH+largest extension set is < 100
 constexpr size_t kNodeIdBytes = 16;
 

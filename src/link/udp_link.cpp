@@ -90,7 +90,9 @@ std::unique_ptr<UdpLink> UdpLink::Bind(uint16_t port, FrameSink& sink, std::stri
   return link;
 }
 
-UdpLink::~UdpLink() { close(fd_); }
+UdpLink::~UdpLink() {
+  close(fd_);
+}
 
 std::shared_ptr<Channel> UdpLink::To(const PeerAddr& peer) {
   std::lock_guard<std::mutex> g(mu_);

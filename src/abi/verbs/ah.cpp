@@ -59,7 +59,8 @@ SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, 
     // Answer from the GID the request was sent to; a sender that did not know ours used index 0.
     const auto& gids = CoreOf(context).hca().gids();
     for (size_t i = 0; i < gids.size(); ++i)
-      if (std::memcmp(gids[i].raw, grh->dgid.raw, 16) == 0) ah_attr->grh.sgid_index = static_cast<uint8_t>(i);
+      if (std::memcmp(gids[i].raw, grh->dgid.raw, 16) == 0)
+        ah_attr->grh.sgid_index = static_cast<uint8_t>(i);
   }
   return 0;
 }

@@ -11,8 +11,12 @@ extern "C" int ibv_query_port(ibv_context*, uint8_t, _compat_ibv_port_attr*);
 namespace softrdma::abi {
 namespace {
 
-int BindMw(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
-int DeallocMw(ibv_mw*) { return EOPNOTSUPP; }
+int BindMw(ibv_qp*, ibv_mw*, ibv_mw_bind*) {
+  return EOPNOTSUPP;
+}
+int DeallocMw(ibv_mw*) {
+  return EOPNOTSUPP;
+}
 
 }  // namespace
 

@@ -32,10 +32,10 @@ namespace softrdma::abi {
 
 ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   constexpr uint64_t kWcFlags =
-      IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
-      IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-      IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_CVLAN |
-      IBV_WC_EX_WITH_FLOW_TAG | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+      IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+      IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS |
+      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_CVLAN | IBV_WC_EX_WITH_FLOW_TAG |
+      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
   if (!ctx || !attr) return Fail<ibv_cq_ex>(EINVAL);
   if (attr->cqe < 1 || attr->cqe > core::kMaxCqe) return Fail<ibv_cq_ex>(EINVAL);
   if (attr->comp_vector >= static_cast<uint32_t>(ctx->num_comp_vectors))
@@ -45,8 +45,7 @@ ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   if (attr->wc_flags & ~kWcFlags) return Fail<ibv_cq_ex>(EOPNOTSUPP);
   auto* cq = new VerbsCq{};
   VerbsCompChannel* ch = attr->channel ? VerbsCompChannel::From(attr->channel) : nullptr;
-  cq->core = std::make_unique<core::Cq>(CoreOf(ctx), attr->cqe, ch ? &ch->core : nullptr,
-                                        &cq->ibv);
+  cq->core = std::make_unique<core::Cq>(CoreOf(ctx), attr->cqe, ch ? &ch->core : nullptr, &cq->ibv);
   cq->wc_flags = attr->wc_flags;
   ibv_cq_ex& c = cq->ibv;
   c.context = ctx;
@@ -98,15 +97,16 @@ SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   uint32_t reported = c->core->events_reported();
   if (cq->channel) {
     // Events never read cannot be acknowledged: drop them rather than wait forever for them.
-    reported -= static_cast<uint32_t>(VerbsCompChannel::From(cq->channel)->core.events.Purge(
-        [cq](void* h) { return h == cq; }));
+    reported -= static_cast<uint32_t>(
+        VerbsCompChannel::From(cq->channel)->core.events.Purge([cq](void* h) { return h == cq; }));
     --cq->channel->refcnt;
   }
   pthread_mutex_lock(&cq->mutex);
   while (cq->comp_events_completed < reported) pthread_cond_wait(&cq->cond, &cq->mutex);
   pthread_mutex_unlock(&cq->mutex);
-  CoreOf(cq->context).async_events().Purge(
-      [cq](const ibv_async_event& e) { return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == cq; });
+  CoreOf(cq->context).async_events().Purge([cq](const ibv_async_event& e) {
+    return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == cq;
+  });
   pthread_mutex_destroy(&cq->mutex);
   pthread_cond_destroy(&cq->cond);
   delete c;
@@ -140,7 +140,9 @@ SOFTRDMA_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 // ---- ibv_cq_ex: start/next/end_poll and the wc readers ----
 namespace {
 
-VerbsCq* X(ibv_cq_ex* c) { return VerbsCq::From(c); }
+VerbsCq* X(ibv_cq_ex* c) {
+  return VerbsCq::From(c);
+}
 
 // Takes the oldest completion as "current", exposing status and wr_id as the ABI requires.
 bool TakeCurrent(VerbsCq* cq) {
@@ -166,25 +168,61 @@ int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   return ENOENT;
 }
 
-int NextPoll(ibv_cq_ex* c) { return TakeCurrent(X(c)) ? 0 : ENOENT; }
-void EndPoll(ibv_cq_ex* c) { X(c)->core->lock().unlock(); }
+int NextPoll(ibv_cq_ex* c) {
+  return TakeCurrent(X(c)) ? 0 : ENOENT;
+}
+void EndPoll(ibv_cq_ex* c) {
+  X(c)->core->lock().unlock();
+}
 
-const ibv_wc& Cur(ibv_cq_ex* c) { return X(c)->current.wc; }
-ibv_wc_opcode ReadOpcode(ibv_cq_ex* c) { return Cur(c).opcode; }
-uint32_t ReadVendorErr(ibv_cq_ex* c) { return Cur(c).vendor_err; }
-uint32_t ReadByteLen(ibv_cq_ex* c) { return Cur(c).byte_len; }
-__be32 ReadImmData(ibv_cq_ex* c) { return Cur(c).imm_data; }
-uint32_t ReadQpNum(ibv_cq_ex* c) { return Cur(c).qp_num; }
-uint32_t ReadSrcQp(ibv_cq_ex* c) { return Cur(c).src_qp; }
-unsigned int ReadWcFlags(ibv_cq_ex* c) { return Cur(c).wc_flags; }
-uint32_t ReadSlid(ibv_cq_ex* c) { return Cur(c).slid; }
-uint8_t ReadSl(ibv_cq_ex* c) { return Cur(c).sl; }
-uint8_t ReadDlidPathBits(ibv_cq_ex* c) { return Cur(c).dlid_path_bits; }
-uint64_t ReadTimestamp(ibv_cq_ex* c) { return X(c)->current.timestamp_ns; }
-uint64_t ReadWallclock(ibv_cq_ex* c) { return X(c)->current.wallclock_ns; }
-uint16_t ReadCvlan(ibv_cq_ex*) { return 0; }
-uint32_t ReadFlowTag(ibv_cq_ex*) { return 0; }
-void ReadTmInfo(ibv_cq_ex*, ibv_wc_tm_info* info) { *info = ibv_wc_tm_info{}; }
+const ibv_wc& Cur(ibv_cq_ex* c) {
+  return X(c)->current.wc;
+}
+ibv_wc_opcode ReadOpcode(ibv_cq_ex* c) {
+  return Cur(c).opcode;
+}
+uint32_t ReadVendorErr(ibv_cq_ex* c) {
+  return Cur(c).vendor_err;
+}
+uint32_t ReadByteLen(ibv_cq_ex* c) {
+  return Cur(c).byte_len;
+}
+__be32 ReadImmData(ibv_cq_ex* c) {
+  return Cur(c).imm_data;
+}
+uint32_t ReadQpNum(ibv_cq_ex* c) {
+  return Cur(c).qp_num;
+}
+uint32_t ReadSrcQp(ibv_cq_ex* c) {
+  return Cur(c).src_qp;
+}
+unsigned int ReadWcFlags(ibv_cq_ex* c) {
+  return Cur(c).wc_flags;
+}
+uint32_t ReadSlid(ibv_cq_ex* c) {
+  return Cur(c).slid;
+}
+uint8_t ReadSl(ibv_cq_ex* c) {
+  return Cur(c).sl;
+}
+uint8_t ReadDlidPathBits(ibv_cq_ex* c) {
+  return Cur(c).dlid_path_bits;
+}
+uint64_t ReadTimestamp(ibv_cq_ex* c) {
+  return X(c)->current.timestamp_ns;
+}
+uint64_t ReadWallclock(ibv_cq_ex* c) {
+  return X(c)->current.wallclock_ns;
+}
+uint16_t ReadCvlan(ibv_cq_ex*) {
+  return 0;
+}
+uint32_t ReadFlowTag(ibv_cq_ex*) {
+  return 0;
+}
+void ReadTmInfo(ibv_cq_ex*, ibv_wc_tm_info* info) {
+  *info = ibv_wc_tm_info{};
+}
 
 }  // namespace
 

@@ -135,13 +135,17 @@ SOFTRDMA_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
   return list;
 }
 
-SOFTRDMA_EXPORT void ibv_free_device_list(ibv_device** list) { free(list); }
+SOFTRDMA_EXPORT void ibv_free_device_list(ibv_device** list) {
+  free(list);
+}
 
 SOFTRDMA_EXPORT const char* ibv_get_device_name(ibv_device* device) {
   return device ? device->name : nullptr;
 }
 
-SOFTRDMA_EXPORT int ibv_get_device_index(ibv_device* device) { return device ? 0 : -1; }
+SOFTRDMA_EXPORT int ibv_get_device_index(ibv_device* device) {
+  return device ? 0 : -1;
+}
 
 SOFTRDMA_EXPORT __be64 ibv_get_device_guid(ibv_device* /*device*/) {
   auto hca = HcaOrNull();
@@ -201,8 +205,7 @@ SOFTRDMA_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
                      offsetof(ibv_port_attr, port_cap_flags2));
 }
 
-SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num, int index,
-                                  ibv_gid* gid) {
+SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
   if (!context || !gid || port_num != core::kPortNum || index < 0) {
     errno = EINVAL;
     return -1;
@@ -324,7 +327,15 @@ SOFTRDMA_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
 }
 
 // softrdma needs no madvise(MADV_DONTFORK) games: registered memory is ordinary memory.
-SOFTRDMA_EXPORT int ibv_fork_init(void) { return 0; }
-SOFTRDMA_EXPORT ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
-SOFTRDMA_EXPORT int ibv_dontfork_range(void*, size_t) { return 0; }
-SOFTRDMA_EXPORT int ibv_dofork_range(void*, size_t) { return 0; }
+SOFTRDMA_EXPORT int ibv_fork_init(void) {
+  return 0;
+}
+SOFTRDMA_EXPORT ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
+}
+SOFTRDMA_EXPORT int ibv_dontfork_range(void*, size_t) {
+  return 0;
+}
+SOFTRDMA_EXPORT int ibv_dofork_range(void*, size_t) {
+  return 0;
+}

@@ -105,8 +105,8 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, i
 
 SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
                                  int access) {
-  constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-                       IBV_REREG_MR_CHANGE_ACCESS;
+  constexpr int kAll =
+      IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
   if (!mr || flags == 0 || (flags & ~kAll)) {
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
@@ -166,9 +166,15 @@ SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
 }
 
 // Importing objects needs a kernel to share them through; softrdma has none.
-SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return Fail<ibv_pd>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
+  return Fail<ibv_pd>(EOPNOTSUPP);
+}
 SOFTRDMA_EXPORT void ibv_unimport_pd(ibv_pd*) {}
-SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return Fail<ibv_mr>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
+  return Fail<ibv_mr>(EOPNOTSUPP);
+}
 SOFTRDMA_EXPORT void ibv_unimport_mr(ibv_mr*) {}
-SOFTRDMA_EXPORT ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return Fail<ibv_dm>(EOPNOTSUPP); }
+SOFTRDMA_EXPORT ibv_dm* ibv_import_dm(ibv_context*, uint32_t) {
+  return Fail<ibv_dm>(EOPNOTSUPP);
+}
 SOFTRDMA_EXPORT void ibv_unimport_dm(ibv_dm*) {}

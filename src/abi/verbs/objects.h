@@ -54,9 +54,9 @@ struct VerbsCompChannel {
 struct VerbsCq {
   ibv_cq_ex ibv;
   std::unique_ptr<core::Cq> core;
-  uint64_t wc_flags;  // what create_cq_ex asked to read
-  core::Cqe current{};            // the entry an extended poll is looking at
-  std::atomic<int> users{0};      // QPs and SRQs using it: destroy_cq answers EBUSY
+  uint64_t wc_flags;          // what create_cq_ex asked to read
+  core::Cqe current{};        // the entry an extended poll is looking at
+  std::atomic<int> users{0};  // QPs and SRQs using it: destroy_cq answers EBUSY
   static VerbsCq* From(ibv_cq* c) { return reinterpret_cast<VerbsCq*>(c); }
   static VerbsCq* From(ibv_cq_ex* c) { return reinterpret_cast<VerbsCq*>(c); }
 };
@@ -82,7 +82,9 @@ struct VerbsQp {
 
 using core::Ah;
 
-inline core::Context& CoreOf(ibv_context* c) { return *VerbsContext::From(c)->core; }
+inline core::Context& CoreOf(ibv_context* c) {
+  return *VerbsContext::From(c)->core;
+}
 
 // Sets errno and returns nullptr: the convention of every creating verb.
 template <typename T = void>

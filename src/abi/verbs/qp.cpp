@@ -15,8 +15,8 @@ namespace softrdma::abi {
 
 ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!ctx || !a) return Fail<ibv_qp>(EINVAL);
-  constexpr uint32_t kSupportedMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
-                                      IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  constexpr uint32_t kSupportedMask =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   if (a->comp_mask & ~kSupportedMask) return Fail<ibv_qp>(EOPNOTSUPP);
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return Fail<ibv_qp>(EINVAL);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
@@ -170,8 +170,12 @@ SOFTRDMA_EXPORT int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode /*op*/,
   return 1;
 }
 
-SOFTRDMA_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}
+SOFTRDMA_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}
 
 // ---- ibv_qp_ex builders: collect the WRs of one wr_start..wr_complete batch, post them as one
 // chain so the batch is accepted or refused as a whole.
@@ -187,7 +191,9 @@ struct VerbsQp::Builder {
 
 namespace {
 
-VerbsQp* Q(ibv_qp_ex* q) { return VerbsQp::From(q); }
+VerbsQp* Q(ibv_qp_ex* q) {
+  return VerbsQp::From(q);
+}
 
 VerbsQp::Builder::Item* Last(ibv_qp_ex* q) {
   auto& b = *Q(q)->builder;
@@ -241,8 +247,12 @@ void WrAbort(ibv_qp_ex* q) {
   if (Q(q)->builder) Q(q)->builder->items.clear();
 }
 
-void WrSend(ibv_qp_ex* q) { NewWr(q, IBV_WR_SEND); }
-void WrSendImm(ibv_qp_ex* q, __be32 imm) { NewWr(q, IBV_WR_SEND_WITH_IMM)->imm_data = imm; }
+void WrSend(ibv_qp_ex* q) {
+  NewWr(q, IBV_WR_SEND);
+}
+void WrSendImm(ibv_qp_ex* q, __be32 imm) {
+  NewWr(q, IBV_WR_SEND_WITH_IMM)->imm_data = imm;
+}
 void WrSendInv(ibv_qp_ex* q, uint32_t rkey) {
   NewWr(q, IBV_WR_SEND_WITH_INV)->invalidate_rkey = rkey;
 }
@@ -278,11 +288,21 @@ void WrFetchAdd(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, uint64_t add) {
 void WrUnsupported(ibv_qp_ex* q) {
   if (Q(q)->builder) Q(q)->builder->error = EOPNOTSUPP;
 }
-void WrBindMw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { WrUnsupported(q); }
-void WrLocalInv(ibv_qp_ex* q, uint32_t) { WrUnsupported(q); }
-void WrSendTso(ibv_qp_ex* q, void*, uint16_t, uint16_t) { WrUnsupported(q); }
-void WrAtomicWrite(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { WrUnsupported(q); }
-void WrSetXrcSrqn(ibv_qp_ex* q, uint32_t) { WrUnsupported(q); }
+void WrBindMw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) {
+  WrUnsupported(q);
+}
+void WrLocalInv(ibv_qp_ex* q, uint32_t) {
+  WrUnsupported(q);
+}
+void WrSendTso(ibv_qp_ex* q, void*, uint16_t, uint16_t) {
+  WrUnsupported(q);
+}
+void WrAtomicWrite(ibv_qp_ex* q, uint32_t, uint64_t, const void*) {
+  WrUnsupported(q);
+}
+void WrSetXrcSrqn(ibv_qp_ex* q, uint32_t) {
+  WrUnsupported(q);
+}
 
 void WrSetUdAddr(ibv_qp_ex* q, ibv_ah* ah, uint32_t qpn, uint32_t qkey) {
   if (auto* it = Last(q)) {
