@@ -169,6 +169,22 @@ pingpong_cases() {
 		pingpong_case "$tool" -n "$PP_LONG_ITERS"
 	done
 	pingpong_case ibv_rc_pingpong -N
+	udp_link_case
+}
+
+# UD over the UDP link (opt-in with SOFTRDMA_UD_LINK=udp; UD otherwise rides the stream link).
+udp_link_case() {
+	local name="ibv_ud_pingpong over the UDP link"
+	want "$name" || return 0
+	srdma_next_port "$SNS"
+	run_pair --port "$PORT" --timeout "$PP_TMO" \
+		--expect "^1000 iters in [0-9.]+ seconds" \
+		--expect-server "^1000 iters in [0-9.]+ seconds" \
+		--reject "couldn'?t|failed|error" \
+		"$name" \
+		"env SOFTRDMA_UD_LINK=udp ibv_ud_pingpong -p $PORT" \
+		"env SOFTRDMA_UD_LINK=udp ibv_ud_pingpong -p $PORT $HOST" \
+		"$SNS" "$CNS"
 }
 
 # ---------------------------------------------------------------------------
