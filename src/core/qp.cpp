@@ -529,8 +529,19 @@ int64_t Qp::OnTimer(int64_t now) {
     rnr_resume_at_ = 0;
     RunRequesterLocked();
   }
+  if (ack_pending_ && ack_deadline_ <= now) {
+    ack_defer_ = false;  // no answer came in time: this QP's traffic is not ping-pong
+    FlushAckLocked();
+  }
   int64_t next = RetransmitTimerLocked(now);
   if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
+  // The deferral deadline is checked exactly whenever timers run (every batch of inbound work and
+  // every poll of an empty CQ); the wake-up that guarantees it is coarse, so ping-pong traffic,
+  // whose ACKs leave with the answers, does not re-arm and fire a timer on every message.
+  if (ack_pending_) {
+    int64_t coarse = (ack_deadline_ / 1'000'000 + 2) * 1'000'000;
+    if (coarse < next) next = coarse;
+  }
   // Stay registered a while after the last arming: request/response traffic re-arms the timer on
   // every post, and registering again would wake the progress thread each time.
   if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs)

@@ -151,6 +151,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
   bool TakeRecvLocked(RecvWqe* out);
   void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
   void FlushAckLocked();
+  void ReleaseHeldCompletionsLocked();
+  std::shared_ptr<link::Channel> ResponseChannelLocked(link::Channel& arrival);
   void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
   void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
@@ -202,6 +204,16 @@ class Qp : public std::enable_shared_from_this<Qp> {
   bool comm_est_raised_ = false;
   bool ack_pending_ = false;
   uint32_t ack_psn_ = 0;
+  // Adaptive ACK deferral. Where the application answers each message (ping-pong), an ACK waits
+  // up to kAckDeferNs for the answer and leaves in the same write, saving a TCP segment and a
+  // wake-up on each side. A QP learns it is in that pattern when a request follows an ACK within
+  // kReplyWindowNs, and unlearns it when a deferred ACK times out; one-way traffic keeps prompt
+  // ACKs. Measured on ib_write_lat: see the commit introducing it.
+  static constexpr int64_t kAckDeferNs = 30'000;
+  static constexpr int64_t kReplyWindowNs = 30'000;
+  bool ack_defer_ = false;
+  int64_t ack_deadline_ = INT64_MAX;
+  int64_t ack_sent_ns_ = 0;
   // RC receive completions wait here until the ACK that covers them has been handed to the
   // link: once an application sees a completion it may destroy the QP or exit, and the sender
   // must still learn that the message arrived.

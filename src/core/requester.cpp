@@ -161,6 +161,21 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   if (info.has(kHasIeth)) reinterpret_cast<wire::Ieth*>(bth + info.ieth)->Set(w.imm_or_rkey);
 
   f.payload_outlives_send = type_ == IBV_QPT_RC;
+  if (type_ == IBV_QPT_RC && ack_pending_ && ack_channel_ == av->channel) {
+    // An ACK owed to the peer leaves with this request, in one write.
+    link::OutFrame ack;
+    uint8_t op = op::kRc | op::kAcknowledge;
+    uint8_t* abth = BuildHeaderLocked(ack, op, false, attr_.dest_qp_num, ack_psn_, nullptr);
+    reinterpret_cast<wire::Aeth*>(abth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
+    ack_pending_ = false;
+    ack_deadline_ = INT64_MAX;
+    ack_defer_ = true;
+    av->channel->SendPair(std::move(ack), std::move(f));
+    ReleaseHeldCompletionsLocked();
+    return IBV_WC_SUCCESS;
+  }
+  if (type_ == IBV_QPT_RC && !ack_defer_ && link::NowNs() - ack_sent_ns_ < kReplyWindowNs)
+    ack_defer_ = true;  // this request answers what we just acknowledged: ping-pong traffic
   av->channel->Send(std::move(f));
   return IBV_WC_SUCCESS;
 }

@@ -43,10 +43,33 @@ void Qp::FlushAck() {
 void Qp::FlushAckLocked() {
   if (ack_pending_) {
     ack_pending_ = false;
+    ack_deadline_ = INT64_MAX;
+    ack_sent_ns_ = link::NowNs();
     if (ack_channel_) SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
   }
+  ReleaseHeldCompletionsLocked();
+}
+
+void Qp::ReleaseHeldCompletionsLocked() {
   for (const PendingCqe& c : pending_cqes_) PushCompletionLocked(recv_cq_, c.wc, c.solicited);
   pending_cqes_.clear();
+}
+
+// Responses follow the QP's own path when it reaches the node the request came from, so they
+// share a connection with the requests this QP sends (which lets an ACK ride with one). The
+// choice is made once: responses of one QP must not be split over two connections.
+std::shared_ptr<link::Channel> Qp::ResponseChannelLocked(link::Channel& arrival) {
+  if (ack_channel_) return ack_channel_;
+  std::shared_ptr<link::Channel> own = av_.channel;
+  bool same = own && !own->closed() &&
+              (own.get() == &arrival || std::memcmp(own->peer_id().bytes, arrival.peer_id().bytes,
+                                                    sizeof arrival.peer_id().bytes) == 0);
+  static const link::NodeId kUnknown{};
+  if (same && std::memcmp(own->peer_id().bytes, kUnknown.bytes, sizeof kUnknown.bytes) == 0 &&
+      own.get() != &arrival)
+    same = false;  // the peer's hello has not arrived on our connection yet
+  ack_channel_ = same ? own : arrival.shared_from_this();
+  return ack_channel_;
 }
 
 void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
@@ -105,7 +128,8 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       // a resend unless an RNR NAK already makes the requester rewind.
       if (!rnr_nak_outstanding_ && !seq_nak_sent_) {
         seq_nak_sent_ = true;
-        SendAckLocked(ch, wire::aeth::kNak | wire::aeth::kNakPsnSeqError, rq_psn_);
+        SendAckLocked(*ResponseChannelLocked(ch), wire::aeth::kNak | wire::aeth::kNakPsnSeqError,
+                      rq_psn_);
       }
       return;
     }
@@ -365,7 +389,18 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   ++msn_;
   ack_pending_ = true;
   ack_psn_ = w.psn;
-  if (ack_channel_.get() != &ch) ack_channel_ = ch.shared_from_this();
+  ResponseChannelLocked(ch);
+  if (ack_defer_) {
+    // The application is expected to answer: completions are visible now (the ACK will follow
+    // within kAckDeferNs, or with the answer), and the timer bounds the wait.
+    ReleaseHeldCompletionsLocked();
+    if (ack_deadline_ == INT64_MAX) ack_deadline_ = link::NowNs() + kAckDeferNs;
+    if (!timer_registered_) {
+      timer_registered_ = true;
+      hca_.ArmTimer(shared_from_this());
+    }
+    return;
+  }
   hca_.QueueAck(shared_from_this());
 }
 

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/socket.h>
 #include <pthread.h>
 #include <sched.h>
@@ -50,7 +51,10 @@ struct Endpoint::Impl {
   // itself and the wake eventfd: an application thread polling an empty CQ disarms `epfd` there
   // for the length of its poll, so frames it is about to handle do not also wake (and preempt)
   // the progress thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
-  int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1;
+  int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1, timer_fd = -1;
+  Pollable* timer_pollable = nullptr;
+  int64_t armed_deadline = INT64_MAX;  // what timer_fd is set to (progress_mu)
+  void RunTimers();
   std::mutex claim_mu;  // guards claims and the arming of epfd in outer_fd
   int claims = 0;
   void Claim();
@@ -112,6 +116,18 @@ class TcpChannel final : public Channel, public Pollable {
 
   void Send(OutFrame&& f) override {
     std::lock_guard<std::mutex> g(tx_mu_);
+    QueueLocked(std::move(f));
+    KickLocked();
+  }
+
+  void SendPair(OutFrame&& first, OutFrame&& second) override {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    QueueLocked(std::move(first));
+    QueueLocked(std::move(second));
+    KickLocked();
+  }
+
+  void QueueLocked(OutFrame&& f) {
     if (closed_.load(std::memory_order_relaxed) || broken_) return;
     TxItem item;
     EncodeLinkHeader(item.head, f.hdr_len, f.payload_len);
@@ -119,6 +135,10 @@ class TcpChannel final : public Channel, public Pollable {
     item.head_len = static_cast<uint32_t>(sizeof(LinkHeader) + f.hdr_len);
     item.frame = std::move(f);
     txq_.push_back(std::move(item));
+  }
+
+  void KickLocked() {
+    if (txq_.empty()) return;
     if (!connecting_ && !want_out_) FlushLocked();
     if (!txq_.empty()) {
       // What stays queued may outlive the caller's buffers.
@@ -567,24 +587,33 @@ void Endpoint::Impl::Loop() {
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
   epoll_event events[64];
-  int64_t deadline = INT64_MAX;
   while (!stop.load(std::memory_order_acquire)) {
-    int timeout_ms = -1;
-    if (deadline != INT64_MAX) {
-      int64_t wait = deadline - NowNs();
-      timeout_ms =
-          wait <= 0 ? 0 : static_cast<int>(std::min<int64_t>((wait + 999999) / 1000000, 1000));
-    }
-    epoll_event outer[2];
-    int woke = epoll_wait(outer_fd, outer, 2, timeout_ms);
+    epoll_event outer[3];
+    int woke = epoll_wait(outer_fd, outer, 3, -1);
     std::lock_guard<std::mutex> g(progress_mu);
     for (int i = 0; i < woke; ++i)
-      if (outer[i].data.ptr == wake_pollable) wake_pollable->OnEvents(outer[i].events);
+      if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
+        static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
     int n = epoll_wait(epfd, events, 64, 0);
     Dispatch(events, n < 0 ? 0 : n, true);
-    deadline = sink.OnTimers(NowNs());
+    RunTimers();
     graveyard.clear();
   }
+}
+
+// Timers run under progress_mu; the timerfd (absolute CLOCK_MONOTONIC) gives them microsecond
+// precision, which a deferred ACK needs (epoll timeouts count milliseconds).
+void Endpoint::Impl::RunTimers() {
+  int64_t next = sink.OnTimers(NowNs());
+  if (next == armed_deadline) return;
+  armed_deadline = next;
+  itimerspec its{};
+  if (next != INT64_MAX) {
+    int64_t at = next > 0 ? next : 1;
+    its.it_value.tv_sec = at / 1000000000;
+    its.it_value.tv_nsec = at % 1000000000;
+  }
+  timerfd_settime(timer_fd, TFD_TIMER_ABSTIME, &its, nullptr);
 }
 
 void Endpoint::Impl::Claim() {
@@ -616,6 +645,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   epoll_event events[64];
   int n = epoll_wait(epfd, events, 64, 0);
   int handled = Dispatch(events, n < 0 ? 0 : n, false);
+  RunTimers();
   progress_mu.unlock();
   return handled > 0;
 }
@@ -636,6 +666,7 @@ bool Endpoint::Impl::PollOnceClaimed() {
   int n = epoll_wait(epfd, events, 64, 0);
   // The wake event stays for the progress thread: it re-arms timers when woken.
   int handled = Dispatch(events, n < 0 ? 0 : n, false);
+  RunTimers();
   // The graveyard is emptied by the progress thread only, after its own Dispatch: it may be
   // waiting for progress_mu with events from an epoll_wait made before these channels closed, and
   // freeing them here made it call into freed channels (ASan heap-use-after-free,
@@ -652,7 +683,8 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   im.epfd = epoll_create1(EPOLL_CLOEXEC);
   im.outer_fd = epoll_create1(EPOLL_CLOEXEC);
   im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (im.epfd < 0 || im.outer_fd < 0 || im.wake_fd < 0) {
+  im.timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (im.epfd < 0 || im.outer_fd < 0 || im.wake_fd < 0 || im.timer_fd < 0) {
     *err = std::string("epoll/eventfd: ") + strerror(errno);
     return nullptr;
   }
@@ -686,6 +718,8 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   im.wake_pollable = wake;
   Register(im.outer_fd, im.wake_fd, wake, EPOLLIN);
   Register(im.outer_fd, im.epfd, nullptr, EPOLLIN);
+  im.timer_pollable = new WakePollable(im.timer_fd);  // reading clears the expiry count
+  Register(im.outer_fd, im.timer_fd, im.timer_pollable, EPOLLIN);
   Register(im.epfd, im.listen_fd, listen, EPOLLIN);
   im.listen_pollable = listen;
   im.udp_pollable = new UdpPollable(*im.udp);
@@ -766,6 +800,7 @@ Endpoint::~Endpoint() {
   close(impl_->wake_fd);
   close(impl_->epfd);
   close(impl_->outer_fd);
+  close(impl_->timer_fd);
 }
 
 }  // namespace softrdma::link

@@ -62,6 +62,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual ~Channel() = default;
   // Queues a frame for the peer. Never blocks. A frame on a closed channel is dropped.
   virtual void Send(OutFrame&& f) = 0;
+  // Two frames that should leave together (one write, one segment where the link allows).
+  virtual void SendPair(OutFrame&& first, OutFrame&& second) {
+    Send(std::move(first));
+    Send(std::move(second));
+  }
   virtual bool closed() const = 0;
   virtual bool is_loopback() const = 0;
   // Connectionless (UDP): no hello, no replies.
