@@ -83,7 +83,7 @@ struct Endpoint::Impl {
   Pollable* listen_pollable = nullptr;
   Pollable* udp_pollable = nullptr;
   void Loop();
-  int Dispatch(epoll_event* events, int n, bool include_wake);
+  int Dispatch(epoll_event* events, int n);
   bool PollOnce(bool wait);
   bool PollOnceClaimed();
   void AcceptAll();
@@ -562,11 +562,10 @@ int Endpoint::Impl::DrainLoopback() {
   return static_cast<int>(batch.size());
 }
 
-int Endpoint::Impl::Dispatch(epoll_event* events, int n, bool include_wake) {
+int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
   int handled = 0;
   for (int i = 0; i < n; ++i) {
     auto* p = static_cast<Pollable*>(events[i].data.ptr);
-    if (p == wake_pollable && !include_wake) continue;
     p->OnEvents(events[i].events);
     ++handled;
   }
@@ -595,7 +594,7 @@ void Endpoint::Impl::Loop() {
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
     int n = epoll_wait(epfd, events, 64, 0);
-    Dispatch(events, n < 0 ? 0 : n, true);
+    Dispatch(events, n < 0 ? 0 : n);
     RunTimers();
     graveyard.clear();
   }
@@ -644,7 +643,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   progress_mu.lock();
   epoll_event events[64];
   int n = epoll_wait(epfd, events, 64, 0);
-  int handled = Dispatch(events, n < 0 ? 0 : n, false);
+  int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers();
   progress_mu.unlock();
   return handled > 0;
@@ -658,14 +657,11 @@ bool Endpoint::Impl::PollOnceClaimed() {
     // context switches). The answer is only a hint: events are fetched again under the mutex,
     // since a channel it names may be gone by then.
     int ready = epoll_wait(epfd, events, 64, 0);
-    bool any = false;
-    for (int i = 0; i < ready; ++i) any |= events[i].data.ptr != wake_pollable;
-    if (!any && loop_frames_pending.load(std::memory_order_relaxed) == 0) return false;
+    if (ready <= 0 && loop_frames_pending.load(std::memory_order_relaxed) == 0) return false;
     if (!progress_mu.try_lock()) return false;
   }
   int n = epoll_wait(epfd, events, 64, 0);
-  // The wake event stays for the progress thread: it re-arms timers when woken.
-  int handled = Dispatch(events, n < 0 ? 0 : n, false);
+  int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers();
   // The graveyard is emptied by the progress thread only, after its own Dispatch: it may be
   // waiting for progress_mu with events from an epoll_wait made before these channels closed, and
