@@ -446,7 +446,21 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
 void Qp::Shutdown() {
   // Frames that reached this host before the destroy are handled (and acknowledged) first, as a
   // hardware HCA would have done on arrival: a peer must not fail for our application's speed.
-  for (int i = 0; i < 4 && hca_.Progress(true); ++i) {
+  // A QP that was receiving until just now keeps draining while its traffic goes on (quiet for
+  // kDrainQuietNs, at most kDrainMaxNs): a 1 MiB message already on its way takes longer to
+  // arrive than an application takes to tear down (ibv_srq_pingpong -s 1048576 lost the peer's
+  // last sends). An idle QP is destroyed at once.
+  const int64_t start = link::NowNs();
+  for (int rounds = 0;; ++rounds) {
+    bool any = hca_.Progress(true);
+    int64_t last;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      last = last_rx_ns_;
+    }
+    int64_t now = link::NowNs();
+    if (rounds >= 4 && (now - last > kDrainQuietNs || now - start > kDrainMaxNs)) break;
+    if (!any && rounds >= 4) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::unique_lock<std::mutex> g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
@@ -470,6 +484,7 @@ void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   w.nak = RxWork::kNoNak;
   if (shut_down_) return;
   ++rx_active_;
+  last_rx_ns_ = link::NowNs();
   w.is_response = p.info->mask & kIsResponse;
   if (w.is_response)
     RxResponseHeader(ch, p, t);
