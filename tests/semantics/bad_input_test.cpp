@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/semantics_harness.h"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -35,12 +37,7 @@ constexpr int kAllRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 class BadInput : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    ASSERT_NE(list, nullptr);
-    ASSERT_GE(n, 1);
-    ctx_ = ibv_open_device(list[0]);
-    ibv_free_device_list(list);
+    ctx_ = semantics::OpenFirstDevice();
     ASSERT_NE(ctx_, nullptr);
     ASSERT_EQ(ibv_query_device(ctx_, &dev_), 0);
     ASSERT_EQ(ibv_query_port(ctx_, 1, &port_), 0);

@@ -23,6 +23,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/semantics_harness.h"
+
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -279,12 +281,7 @@ class Peer {
 class HostilePeer : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    ASSERT_NE(list, nullptr);
-    ASSERT_GE(n, 1);
-    ctx_ = ibv_open_device(list[0]);
-    ibv_free_device_list(list);
+    ctx_ = semantics::OpenFirstDevice();
     ASSERT_NE(ctx_, nullptr);
     // The endpoint's TCP port, from GID 0: fe80::<ipv4:4><port:2><slot:2>.
     ibv_gid gid;

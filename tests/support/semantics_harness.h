@@ -91,6 +91,16 @@ inline std::vector<ibv_wc> Drain(ibv_cq* cq, milliseconds quiet = kQuiet) {
   return out;
 }
 
+// Opens the first (only) device, softrdma0; nullptr if there is none.
+inline ibv_context* OpenFirstDevice() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  ibv_context* ctx = n >= 1 ? ibv_open_device(list[0]) : nullptr;
+  ibv_free_device_list(list);
+  return ctx;
+}
+
 // True when `fd` becomes readable within `timeout`.
 inline bool Readable(int fd, milliseconds timeout) {
   pollfd p{fd, POLLIN, 0};
