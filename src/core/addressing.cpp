@@ -68,17 +68,6 @@ std::vector<uint32_t> LocalIpv4Addresses() {
   return out;
 }
 
-uint64_t NetnsId() {
-  struct stat st;
-  if (stat("/proc/self/ns/net", &st) != 0) return 0;
-  return st.st_ino;
-}
-
-std::string RunDirectory() {
-  if (const char* d = getenv("SOFTRDMA_RUNDIR")) return d;
-  return "/dev/shm/softrdma";
-}
-
 bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err) {
   dir_ = RunDirectory();
   // World-writable and sticky, like /tmp: every user's processes share one LID/QPN space.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/host_identity.h"
 #include "link/link.h"
 
 namespace softrdma::core {
@@ -34,9 +35,6 @@ std::optional<GidFields> ParseGid(const ibv_gid& gid);
 // there is nothing else. SOFTRDMA_IP puts a chosen address first.
 std::vector<uint32_t> LocalIpv4Addresses();
 
-// Network namespace identity (inode of /proc/self/ns/net).
-uint64_t NetnsId();
-
 class SlotRegistry {
  public:
   // Claims a free slot and publishes `port` and `ips` in it. Holds the claim until destruction.
@@ -53,7 +51,5 @@ class SlotRegistry {
   int fd_ = -1;
   uint16_t slot_ = 0;
 };
-
-std::string RunDirectory();
 
 }  // namespace softrdma::core

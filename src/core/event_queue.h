@@ -48,6 +48,11 @@ class EventQueue {
     return 0;
   }
 
+  size_t size() {
+    std::lock_guard<std::mutex> g(mu_);
+    return items_.size();
+  }
+
   // Removes queued events that refer to an object being destroyed.
   template <typename Pred>
   int Purge(Pred pred) {

@@ -1,7 +1,7 @@
 // Completion channels and completion queues, classic and extended (ibv_cq_ex).
 #include <cerrno>
 
-#include "abi/verbs/export.h"
+#include "abi/export.h"
 #include "abi/verbs/objects.h"
 #include "core/limits.h"
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "abi/verbs/export.h"
+#include "abi/export.h"
 #include "abi/verbs/objects.h"
 #include "core/limits.h"
 

@@ -4,7 +4,7 @@
 
 #include <cerrno>
 
-#include "abi/verbs/export.h"
+#include "abi/export.h"
 #include "abi/verbs/objects.h"
 
 // verbs.h turns these into inline dispatchers; here we define the exported functions themselves.

@@ -34,7 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "export.h"
+#include "abi/export.h"
 
 // rdma-core private types (libibverbs/driver.h, kern-abi.h, cmd_ioctl.h).
 // ib_uverbs_*_resp come from <rdma/ib_user_verbs.h>; the ibv_* command structs

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "abi/verbs/export.h"
+#include "abi/export.h"
 #include "abi/verbs/objects.h"
 #include "core/limits.h"
 

@@ -1,7 +1,7 @@
 // Shared receive queues.
 #include <cerrno>
 
-#include "abi/verbs/export.h"
+#include "abi/export.h"
 #include "abi/verbs/objects.h"
 #include "core/limits.h"
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "export.h"
+#include "abi/export.h"
 
 namespace {
 

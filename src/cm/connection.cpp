@@ -1,0 +1,1079 @@
+// The CM state machine: what each rdma_* call and each received CM message does to an id, and
+// the events it reports (rdma_cm(7), rdma_create_id(3), rdma_accept(3)).
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "cm/cm.h"
+#include "cm/ip_address.h"
+
+namespace softrdma::cm {
+
+namespace {
+
+constexpr int kDefaultBacklog = 1024;  // what the kernel gives a backlog <= 0
+
+bool IsUdPs(uint16_t ps) {
+  return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB;
+}
+
+bool IsUd(const CmId* id) {
+  return id->pub.qp_type == IBV_QPT_UD;
+}
+
+// IB CM private data limits, as the kernel's rdma_cm applies them to a 36-byte CMA header:
+// REQ 92, REP 196, REJ 148 (raised to 196 here, see docs/compatibility.md), SIDR REQ 216, SIDR REP
+// 136.
+size_t MaxConnectData(const CmId* id) {
+  return IsUd(id) ? 180 : 56;
+}
+size_t MaxAcceptData(const CmId* id) {
+  return IsUd(id) ? 136 : 196;
+}
+
+uint32_t RandomPsn() {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  return rng() & 0xffffff;
+}
+
+void EraseEventsOf(EventChannel* c, CmId* id, std::vector<CmEvent*>* out) {
+  c->queue.Purge([&](CmEvent* e) {
+    bool mine = e->pub.id == &id->pub || e->pub.listen_id == &id->pub;
+    if (mine) out->push_back(e);
+    return mine;
+  });
+}
+
+}  // namespace
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+Cm& Cm::Get() {
+  // Never destroyed: the service thread may outlive static destructors at exit.
+  static Cm* cm = new Cm;
+  return *cm;
+}
+
+EventChannel* Cm::CreateChannel() {
+  auto* c = new (std::nothrow) EventChannel;
+  if (!c) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (!c->queue.ok()) {
+    int e = errno;
+    delete c;
+    errno = e;
+    return nullptr;
+  }
+  c->pub.fd = c->queue.fd();
+  return c;
+}
+
+int Cm::DestroyChannel(EventChannel* c) {
+  std::vector<CmEvent*> left;
+  c->queue.Purge([&](CmEvent* e) {
+    left.push_back(e);
+    return true;
+  });
+  for (CmEvent* e : left) delete e;
+  delete c;
+  return 0;
+}
+
+int Cm::CreateId(EventChannel* c, CmId** out, void* context, rdma_port_space ps, ibv_qp_type t) {
+  if (!out) return EINVAL;
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB) {
+    return EINVAL;
+  }
+  auto* id = new (std::nothrow) CmId;
+  if (!id) return ENOMEM;
+  std::memset(&id->pub, 0, sizeof id->pub);
+  if (!c) {
+    c = CreateChannel();
+    if (!c) {
+      int e = errno;
+      delete id;
+      return e;
+    }
+    id->sync = true;
+    id->owns_channel = true;
+  }
+  id->pub.channel = &c->pub;
+  id->pub.context = context;
+  id->pub.ps = ps;
+  id->pub.qp_type = t;
+  id->qkey = IsUdPs(ps) ? RDMA_UDP_QKEY : 0;
+  std::lock_guard<std::mutex> g(mu);
+  id->comm_id = ++next_comm_id_;
+  if (id->comm_id == 0) id->comm_id = ++next_comm_id_;
+  ids_[id->comm_id] = id;
+  *out = id;
+  return 0;
+}
+
+void Cm::AttachDevice(CmId* id) {
+  if (!Context()) return;
+  id->pub.verbs = ctx_;
+  if (!id->pub.pd) id->pub.pd = pd_;
+  id->pub.port_num = 1;
+}
+
+void Cm::FillRoute(CmId* id) {
+  rdma_route& r = id->pub.route;
+  if (id->has_src) ToSockaddr(id->src, &r.addr.src_storage);
+  if (id->has_dst) ToSockaddr(id->dst, &r.addr.dst_storage);
+  std::memcpy(&r.addr.addr.ibaddr.sgid, &gid_, 16);
+  if (id->remote_known) std::memcpy(&r.addr.addr.ibaddr.dgid, id->remote_gid, 16);
+  r.addr.addr.ibaddr.pkey = htobe16(0xffff);
+  ibv_sa_path_rec& p = id->path;
+  std::memcpy(&p.sgid, &gid_, 16);
+  if (id->remote_known) {
+    std::memcpy(&p.dgid, id->remote_gid, 16);
+    p.dlid = htobe16(id->remote_lid);
+  }
+  p.slid = htobe16(lid_);
+  p.pkey = htobe16(0xffff);
+  p.hop_limit = 64;
+  p.traffic_class = id->tos;
+  p.reversible = 1;
+  p.numb_path = 1;
+  p.mtu_selector = 2;
+  p.mtu = IBV_MTU_4096;
+  p.rate_selector = 2;
+  p.rate = 3;
+  p.packet_life_time_selector = 2;
+  p.packet_life_time = 14;
+  if (id->state != IdState::kIdle && id->state != IdState::kBound &&
+      id->state != IdState::kAddrResolved && id->state != IdState::kListening) {
+    r.path_rec = &id->path;
+    r.num_paths = 1;
+  }
+}
+
+void Cm::Report(CmId* id, rdma_cm_event_type type, int status, const std::vector<uint8_t>* data,
+                CmId* listen, CmEvent** made) {
+  auto* e = new CmEvent;
+  std::memset(&e->pub, 0, sizeof e->pub);
+  e->pub.id = &id->pub;
+  e->pub.listen_id = listen ? &listen->pub : nullptr;
+  e->pub.event = type;
+  e->pub.status = status;
+  uint8_t len = 0;
+  if (data && !data->empty()) {
+    len = static_cast<uint8_t>(std::min(data->size(), kMaxPrivateData));
+    std::memcpy(e->private_data, data->data(), len);
+  }
+  if (IsUd(id)) {
+    e->pub.param.ud.private_data = len ? e->private_data : nullptr;
+    e->pub.param.ud.private_data_len = len;
+  } else {
+    e->pub.param.conn.private_data = len ? e->private_data : nullptr;
+    e->pub.param.conn.private_data_len = len;
+  }
+  if (made) *made = e;
+  EventChannel* c = ToChannel(listen ? listen->pub.channel : id->pub.channel);
+  c->queue.Push(e);
+}
+
+// Synchronous ids (rdma_create_id with a NULL channel): wait for the event the call produced,
+// keep it in id->event, and turn its status into the call's result (as rdma-core does).
+int Cm::CompleteSync(CmId* id, std::unique_lock<std::mutex>* lk) {
+  if (!id->sync) return 0;
+  if (id->pub.event) {
+    delete reinterpret_cast<CmEvent*>(id->pub.event);
+    id->pub.event = nullptr;
+  }
+  EventChannel* c = ToChannel(id->pub.channel);
+  lk->unlock();
+  CmEvent* e = nullptr;
+  int err = c->queue.Pop(&e);
+  lk->lock();
+  if (err) return err;
+  id->pub.event = &e->pub;
+  if (e->pub.status) {
+    if (e->pub.event == RDMA_CM_EVENT_REJECTED) return ECONNREFUSED;
+    return e->pub.status < 0 ? -e->pub.status : e->pub.status;
+  }
+  return 0;
+}
+
+int Cm::DestroyId(CmId* id) {
+  std::unique_lock<std::mutex> lk(mu);
+  id->destroying = true;
+  Disarm(id);
+  // Tell the peer, as the kernel does when an id goes away mid-connection.
+  if (id->peer) {
+    switch (id->state) {
+      case IdState::kConnected:
+      case IdState::kConnectResponse:
+      case IdState::kAcceptSent:
+        Send(id->peer, EncodeBare(MsgType::kDreq, id->comm_id, id->remote_comm_id));
+        break;
+      case IdState::kRequestReceived:
+      case IdState::kConnecting:
+        Send(id->peer, EncodeRej(id->comm_id, id->remote_comm_id, Rej{kRejConsumer, {}}));
+        break;
+      default:
+        break;
+    }
+  }
+  DetachPeer(id);
+  if (id->listener) {
+    if (id->state == IdState::kRequestReceived) --id->listener->pending;
+    id->listener->children.erase(id);
+    id->listener = nullptr;
+  }
+  for (CmId* child : id->children) child->listener = nullptr;
+  id->children.clear();
+  if (id->state == IdState::kListening) {
+    auto it = listeners_.find({static_cast<uint16_t>(id->pub.ps), id->src.port});
+    if (it != listeners_.end()) {
+      it->second.erase(id);
+      if (it->second.empty()) listeners_.erase(it);
+    }
+  }
+  ids_.erase(id->comm_id);
+  // Queued events that name this id go with it; a connection request that nobody took is
+  // refused and its id destroyed, as the kernel does for a listener that goes away.
+  std::vector<CmEvent*> gone;
+  EraseEventsOf(ToChannel(id->pub.channel), id, &gone);
+  std::vector<CmId*> orphans;
+  for (CmEvent* e : gone) {
+    if (e->pub.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->pub.id != &id->pub) {
+      orphans.push_back(ToId(e->pub.id));
+    }
+    delete e;
+  }
+  if (id->pub.event) delete reinterpret_cast<CmEvent*>(id->pub.event);
+  EventChannel* own = id->owns_channel ? ToChannel(id->pub.channel) : nullptr;
+  lk.unlock();
+  for (CmId* o : orphans) DestroyId(o);
+  if (own) DestroyChannel(own);
+  delete id;
+  return 0;
+}
+
+void Cm::DetachPeer(CmId* id) {
+  if (id->peer) {
+    id->peer->ids.erase(id);
+    id->peer = nullptr;
+  }
+}
+
+int Cm::BindAddr(CmId* id, const sockaddr* addr) {
+  std::lock_guard<std::mutex> g(mu);
+  Addr a;
+  if (!addr) return EINVAL;
+  if (!FromSockaddr(addr, &a)) return EAFNOSUPPORT;
+  if (id->state != IdState::kIdle) return EINVAL;
+  if (!IsAnyIp(a) && !IsLocalIp(a)) return EADDRNOTAVAIL;
+  if (a.port != 0) {
+    if (int err = id->claim.Claim(static_cast<uint16_t>(id->pub.ps), a, id->reuse_addr)) {
+      return err;
+    }
+  } else {
+    a.port = EphemeralPort();
+  }
+  id->src = a;
+  id->has_src = true;
+  id->state = IdState::kBound;
+  AttachDevice(id);
+  FillRoute(id);
+  return 0;
+}
+
+int Cm::ResolveAddr(CmId* id, const sockaddr* src, const sockaddr* dst, int timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu);
+  Addr d;
+  if (!dst) return EINVAL;
+  if (!FromSockaddr(dst, &d)) return EAFNOSUPPORT;
+  if (id->state != IdState::kIdle && id->state != IdState::kBound &&
+      id->state != IdState::kAddrResolved) {
+    return EINVAL;
+  }
+  if (id->state == IdState::kIdle) {
+    Addr s;
+    if (src && src->sa_family != AF_UNSPEC) {
+      if (!FromSockaddr(src, &s)) return EAFNOSUPPORT;
+      if (!IsAnyIp(s) && !IsLocalIp(s)) return EADDRNOTAVAIL;
+    } else {
+      s = Addr{};
+      s.family = d.family;
+      std::memcpy(s.ip, d.ip, 12);  // IPv4-mapped prefix for IPv4
+    }
+    if (s.port != 0) {
+      if (int err = id->claim.Claim(static_cast<uint16_t>(id->pub.ps), s, id->reuse_addr)) {
+        return err;
+      }
+    } else {
+      s.port = EphemeralPort();
+    }
+    id->src = s;
+    id->has_src = true;
+    id->state = IdState::kBound;
+  }
+  id->dst = d;
+  id->has_dst = true;
+  AttachDevice(id);
+  bool multicast = d.family == 4 ? (d.ip[12] & 0xf0) == 0xe0 : d.ip[0] == 0xff;
+  if (IsAnyIp(id->src)) {
+    // The source is the address the kernel would route from; loopback answers loopback.
+    if (IsLocalIp(d)) {
+      uint16_t port = id->src.port;
+      id->src = d;
+      id->src.port = port;
+    } else if (auto r = RouteSource(d)) {
+      uint16_t port = id->src.port;
+      id->src = *r;
+      id->src.port = port;
+    } else if (!multicast) {
+      FillRoute(id);
+      Report(id, RDMA_CM_EVENT_ADDR_ERROR, -ENETUNREACH, nullptr);
+      return CompleteSync(id, &lk);
+    }
+  }
+  FillRoute(id);
+  if (!multicast && !KnownHost(d)) {
+    // No softrdma process answers for that address: like an ARP request nobody answers, the
+    // error comes when the caller's timeout runs out.
+    Arm(id, TimerKind::kAddrError, timeout_ms > 0 ? static_cast<uint64_t>(timeout_ms) : 0,
+        -ETIMEDOUT);
+    return CompleteSync(id, &lk);
+  }
+  id->state = IdState::kAddrResolved;
+  Report(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0, nullptr);
+  return CompleteSync(id, &lk);
+}
+
+int Cm::ResolveRoute(CmId* id, int /*timeout_ms*/) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (id->state != IdState::kAddrResolved) return EINVAL;
+  id->state = IdState::kRouteResolved;
+  FillRoute(id);
+  Report(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, nullptr);
+  return CompleteSync(id, &lk);
+}
+
+int Cm::Listen(CmId* id, int backlog) {
+  std::lock_guard<std::mutex> g(mu);
+  if (id->state == IdState::kIdle) {
+    Addr any;
+    any.family = 4;
+    std::memcpy(any.ip, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12);
+    id->src = any;
+    id->has_src = true;
+    id->state = IdState::kBound;
+    AttachDevice(id);
+  }
+  if (id->state != IdState::kBound) return EINVAL;
+  if (!id->claim.held()) {
+    // Bound without a port: take a free ephemeral one now that others must find it.
+    int err = EADDRINUSE;
+    for (int tries = 0; tries < 64 && err == EADDRINUSE; ++tries) {
+      if (tries) id->src.port = EphemeralPort();
+      err = id->claim.Claim(static_cast<uint16_t>(id->pub.ps), id->src, id->reuse_addr);
+    }
+    if (err) return err;
+  }
+  if (!StartService()) return EADDRNOTAVAIL;
+  if (!id->claim.Publish(service_port_)) return EIO;
+  id->backlog = backlog > 0 ? backlog : kDefaultBacklog;
+  id->state = IdState::kListening;
+  listeners_[{static_cast<uint16_t>(id->pub.ps), id->src.port}].insert(id);
+  FillRoute(id);
+  return 0;
+}
+
+int Cm::GetRequest(CmId* listen, CmId** out) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (!listen->sync || !out) return EINVAL;
+  if (listen->pub.event) {
+    delete reinterpret_cast<CmEvent*>(listen->pub.event);
+    listen->pub.event = nullptr;
+  }
+  EventChannel* c = ToChannel(listen->pub.channel);
+  lk.unlock();
+  CmEvent* e = nullptr;
+  int err = c->queue.Pop(&e);
+  lk.lock();
+  if (err) return err;
+  int ret = 0;
+  if (e->pub.event == RDMA_CM_EVENT_REJECTED) {
+    ret = ECONNREFUSED;
+  } else if (e->pub.status) {
+    ret = e->pub.status < 0 ? -e->pub.status : e->pub.status;
+  } else if (e->pub.event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    ret = EINVAL;
+  }
+  if (ret) {
+    listen->pub.event = &e->pub;
+    return ret;
+  }
+  CmId* child = ToId(e->pub.id);
+  if (listen->ep_qp_init_attr) {
+    ibv_qp_init_attr attr = *listen->ep_qp_init_attr;
+    ibv_qp_init_attr_ex ex{};
+    std::memcpy(&ex, &attr, sizeof attr);
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ex.pd = listen->pub.pd;
+    lk.unlock();
+    int r = CreateQp(child, &ex);
+    lk.lock();
+    if (r) {
+      listen->pub.event = &e->pub;
+      return r;
+    }
+  }
+  child->pub.event = &e->pub;
+  *out = child;
+  return 0;
+}
+
+int Cm::Connect(CmId* id, const rdma_conn_param* param) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (id->state != IdState::kRouteResolved && id->state != IdState::kAddrResolved) return EINVAL;
+  if (param && param->private_data_len &&
+      (!param->private_data || param->private_data_len > MaxConnectData(id))) {
+    return EINVAL;
+  }
+  const ibv_device_attr& dev = device_attr_;
+  if (id->pub.ps == RDMA_PS_TCP) {
+    if (!id->pub.qp && !param) return EINVAL;
+    if (param && param->responder_resources != RDMA_MAX_RESP_RES &&
+        param->responder_resources > dev.max_qp_rd_atom) {
+      return EINVAL;
+    }
+    if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH &&
+        param->initiator_depth > dev.max_qp_init_rd_atom) {
+      return EINVAL;
+    }
+  }
+  id->initiator_depth = static_cast<uint8_t>(param && param->initiator_depth != RDMA_MAX_INIT_DEPTH
+                                                 ? param->initiator_depth
+                                                 : std::min(dev.max_qp_init_rd_atom, 255));
+  id->responder_resources = static_cast<uint8_t>(
+      param && param->responder_resources != RDMA_MAX_RESP_RES ? param->responder_resources
+                                                               : std::min(dev.max_qp_rd_atom, 255));
+  id->retry_count = param ? std::min<uint8_t>(param->retry_count, 7) : 7;
+  id->psn = RandomPsn();
+
+  Req r;
+  r.port_space = static_cast<uint16_t>(id->pub.ps);
+  r.qp_type = static_cast<uint8_t>(id->pub.qp_type);
+  r.src = id->src;
+  r.dst = id->dst;
+  if (id->pub.qp) {
+    r.qpn = id->pub.qp->qp_num;
+    r.flags = id->pub.qp->srq ? kFlagSrq : 0;
+  } else if (param) {
+    r.qpn = param->qp_num & 0xffffff;
+    r.flags = param->srq ? kFlagSrq : 0;
+  }
+  r.psn = id->psn;
+  std::memcpy(r.gid, &gid_, 16);
+  r.lid = lid_;
+  r.responder_resources = id->responder_resources;
+  r.initiator_depth = id->initiator_depth;
+  r.flow_control = param ? param->flow_control : 1;
+  r.retry_count = id->retry_count;
+  r.rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
+  r.ece_vendor_id = id->local_ece.vendor_id;
+  r.ece_options = id->local_ece.options;
+  r.qkey = id->qkey;
+  if (param && param->private_data_len) {
+    const auto* p = static_cast<const uint8_t*>(param->private_data);
+    r.private_data.assign(p, p + param->private_data_len);
+  }
+
+  auto service = FindListener(static_cast<uint16_t>(id->pub.ps), id->dst);
+  if (!service) {
+    id->state = IdState::kFailed;
+    Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED, nullptr);
+    return CompleteSync(id, &lk);
+  }
+  if (!StartService()) return ENOMEM;
+  Peer* peer = PeerFor(*service, &lk);
+  if (id->destroying) return EINVAL;
+  if (!peer) {
+    id->state = IdState::kFailed;
+    Report(id, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH, nullptr);
+    return CompleteSync(id, &lk);
+  }
+  id->peer = peer;
+  peer->ids.insert(id);
+  id->state = IdState::kConnecting;
+  Arm(id, TimerKind::kConnect, kReqTimeoutMs, -ETIMEDOUT);
+  Send(peer, EncodeReq(id->comm_id, r));
+  return CompleteSync(id, &lk);
+}
+
+CmId* Cm::FindListenerFor(const Req& r) {
+  auto it = listeners_.find({r.port_space, r.dst.port});
+  if (it == listeners_.end()) return nullptr;
+  CmId* wildcard = nullptr;
+  for (CmId* l : it->second) {
+    if (IsAnyIp(l->src)) {
+      if (l->src.family == 6 ? !(l->afonly && r.dst.family == 4) : r.dst.family == 4) {
+        wildcard = l;
+      }
+    } else if (SameIp(l->src, r.dst) || (IsLoopbackIp(l->src) && IsLoopbackIp(r.dst))) {
+      return l;
+    }
+  }
+  return wildcard;
+}
+
+void Cm::OnReq(Peer* p, const Message& m) {
+  const Req& r = m.req;
+  CmId* listen = FindListenerFor(r);
+  if (!listen) {
+    Send(p, EncodeRej(0, m.sender_id, Rej{kRejNoListener, {}}));
+    return;
+  }
+  if (listen->pending >= listen->backlog) {
+    Send(p, EncodeRej(0, m.sender_id, Rej{kRejBacklogFull, {}}));
+    return;
+  }
+  auto* child = new CmId;
+  std::memset(&child->pub, 0, sizeof child->pub);
+  if (listen->sync) {
+    // A synchronous listener's new ids are synchronous too (rdma_get_request), each with its own
+    // channel; the request itself is reported on the listener's.
+    EventChannel* c = CreateChannel();
+    if (!c) {
+      delete child;
+      Send(p, EncodeRej(0, m.sender_id, Rej{kRejBacklogFull, {}}));
+      return;
+    }
+    child->pub.channel = &c->pub;
+    child->sync = true;
+    child->owns_channel = true;
+  } else {
+    child->pub.channel = listen->pub.channel;
+  }
+  child->pub.context = listen->pub.context;
+  child->pub.ps = listen->pub.ps;
+  child->pub.qp_type =
+      listen->pub.ps == RDMA_PS_IB ? static_cast<ibv_qp_type>(r.qp_type) : listen->pub.qp_type;
+  child->qkey = listen->qkey;
+  child->pub.pd = listen->pub.pd;
+  child->tos = listen->tos;
+  child->tos_set = listen->tos_set;
+  child->ack_timeout = listen->ack_timeout;
+  child->ack_timeout_set = listen->ack_timeout_set;
+  child->comm_id = ++next_comm_id_;
+  if (child->comm_id == 0) child->comm_id = ++next_comm_id_;
+  ids_[child->comm_id] = child;
+  child->remote_comm_id = m.sender_id;
+  child->peer = p;
+  p->ids.insert(child);
+  child->src = r.dst;
+  child->dst = r.src;
+  child->has_src = child->has_dst = true;
+  child->remote_known = true;
+  child->remote_qpn = r.qpn;
+  child->remote_psn = r.psn;
+  std::memcpy(child->remote_gid, r.gid, 16);
+  child->remote_lid = r.lid;
+  child->remote_qkey = r.qkey;
+  // The request's values seen from this side: what it may read from us is what it initiates.
+  child->remote_responder_resources = r.initiator_depth;
+  child->remote_initiator_depth = r.responder_resources;
+  child->responder_resources = r.initiator_depth;
+  child->initiator_depth = r.responder_resources;
+  child->retry_count = r.retry_count;
+  child->rnr_retry_count = r.rnr_retry_count;
+  child->remote_ece.vendor_id = r.ece_vendor_id;
+  child->remote_ece.options = r.ece_options;
+  child->state = IdState::kRequestReceived;
+  child->listener = listen;
+  listen->children.insert(child);
+  ++listen->pending;
+  AttachDevice(child);
+  child->state = IdState::kRequestReceived;
+  FillRoute(child);
+  child->pub.route.path_rec = &child->path;
+  child->pub.route.num_paths = 1;
+
+  CmEvent* e = nullptr;
+  Report(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &r.private_data, listen, &e);
+  if (IsUd(child)) {
+    e->pub.param.ud.qp_num = r.qpn;
+    e->pub.param.ud.qkey = r.qkey;
+  } else {
+    rdma_conn_param& c = e->pub.param.conn;
+    c.responder_resources = child->remote_responder_resources;
+    c.initiator_depth = child->remote_initiator_depth;
+    c.flow_control = r.flow_control;
+    c.retry_count = r.retry_count;
+    c.rnr_retry_count = r.rnr_retry_count;
+    c.srq = (r.flags & kFlagSrq) ? 1 : 0;
+    c.qp_num = r.qpn;
+  }
+}
+
+int Cm::Accept(CmId* id, const rdma_conn_param* param) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (id->state != IdState::kRequestReceived) return EINVAL;
+  if (param && param->private_data_len &&
+      (!param->private_data || param->private_data_len > MaxAcceptData(id))) {
+    return EINVAL;
+  }
+  const ibv_device_attr& dev = device_attr_;
+  if (!IsUd(id)) {
+    if (id->pub.ps == RDMA_PS_TCP && !id->pub.qp && !param) return EINVAL;
+    if (param && param->responder_resources != RDMA_MAX_RESP_RES &&
+        param->responder_resources > dev.max_qp_rd_atom) {
+      return EINVAL;
+    }
+    if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH &&
+        (param->initiator_depth > dev.max_qp_init_rd_atom ||
+         param->initiator_depth > id->remote_initiator_depth)) {
+      return EINVAL;
+    }
+  }
+  // Unset values (NULL or the RDMA_MAX_* markers) take the request's, adjusted to the device.
+  id->responder_resources =
+      static_cast<uint8_t>(param && param->responder_resources != RDMA_MAX_RESP_RES
+                               ? param->responder_resources
+                               : std::min<int>(id->remote_responder_resources, dev.max_qp_rd_atom));
+  id->initiator_depth = static_cast<uint8_t>(
+      param && param->initiator_depth != RDMA_MAX_INIT_DEPTH
+          ? param->initiator_depth
+          : std::min<int>(id->remote_initiator_depth, dev.max_qp_init_rd_atom));
+  id->psn = RandomPsn();
+  if (!id->peer) {
+    // The requester's process went away before the answer.
+    id->state = IdState::kFailed;
+    if (id->listener) --id->listener->pending;
+    Report(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET, nullptr);
+    return IsUd(id) ? ECONNRESET : CompleteSync(id, &lk);
+  }
+  if (!IsUd(id)) {
+    if (int err = ModifyToRtrRts(id)) return err;
+  }
+  Rep rep;
+  if (id->pub.qp) {
+    rep.qpn = id->pub.qp->qp_num;
+    rep.flags = id->pub.qp->srq ? kFlagSrq : 0;
+  } else if (param) {
+    rep.qpn = param->qp_num & 0xffffff;
+    rep.flags = param->srq ? kFlagSrq : 0;
+  }
+  rep.psn = id->psn;
+  std::memcpy(rep.gid, &gid_, 16);
+  rep.lid = lid_;
+  rep.responder_resources = id->responder_resources;
+  rep.initiator_depth = id->initiator_depth;
+  rep.flow_control = param ? param->flow_control : 1;
+  rep.rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
+  rep.ece_vendor_id = id->remote_ece.vendor_id;
+  rep.ece_options = id->local_ece.options;
+  rep.qkey = id->qkey;
+  if (param && param->private_data_len) {
+    const auto* p = static_cast<const uint8_t*>(param->private_data);
+    rep.private_data.assign(p, p + param->private_data_len);
+  }
+  if (id->listener) --id->listener->pending;
+  Send(id->peer, EncodeRep(id->comm_id, id->remote_comm_id, rep));
+  if (IsUd(id)) {
+    id->state = IdState::kConnected;
+    return 0;
+  }
+  id->state = IdState::kAcceptSent;
+  return CompleteSync(id, &lk);
+}
+
+int Cm::Reject(CmId* id, const void* data, uint8_t len, uint32_t reason) {
+  std::lock_guard<std::mutex> g(mu);
+  if (len && !data) return EINVAL;
+  if (len > MaxAcceptData(id)) return EINVAL;
+  if (id->state != IdState::kRequestReceived) return EINVAL;
+  Rej rej{reason, {}};
+  if (len)
+    rej.private_data.assign(static_cast<const uint8_t*>(data),
+                            static_cast<const uint8_t*>(data) + len);
+  if (id->peer) Send(id->peer, EncodeRej(id->comm_id, id->remote_comm_id, rej));
+  if (id->listener) --id->listener->pending;
+  id->state = IdState::kFailed;
+  DetachPeer(id);
+  return 0;
+}
+
+int Cm::Establish(CmId* id) {
+  std::lock_guard<std::mutex> g(mu);
+  if (id->state != IdState::kConnectResponse || !id->peer) return EINVAL;
+  Send(id->peer, EncodeBare(MsgType::kRtu, id->comm_id, id->remote_comm_id));
+  id->state = IdState::kConnected;
+  return 0;
+}
+
+int Cm::Notify(CmId* id, ibv_event_type ev) {
+  std::lock_guard<std::mutex> g(mu);
+  if (ev != IBV_EVENT_COMM_EST) return EINVAL;
+  // Traffic arrived before the RTU: the connection is up (as ib_cm_notify does).
+  if (id->state == IdState::kAcceptSent) OnRtu(id);
+  return 0;
+}
+
+int Cm::Disconnect(CmId* id) {
+  std::unique_lock<std::mutex> lk(mu);
+  switch (id->state) {
+    case IdState::kConnected:
+    case IdState::kConnectResponse:
+    case IdState::kAcceptSent:
+      ModifyToError(id);
+      if (!id->peer) {
+        id->state = IdState::kDisconnected;
+        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        return CompleteSync(id, &lk);
+      }
+      Send(id->peer, EncodeBare(MsgType::kDreq, id->comm_id, id->remote_comm_id));
+      id->state = IdState::kDisconnectSent;
+      Arm(id, TimerKind::kDisconnect, kDreqTimeoutMs, 0);
+      return CompleteSync(id, &lk);
+    case IdState::kDisconnectSent:
+      return CompleteSync(id, &lk);
+    case IdState::kDisconnected:
+      ModifyToError(id);
+      // A synchronous id still holding the peer's DISCONNECTED takes it; otherwise done.
+      if (id->sync && ToChannel(id->pub.channel)->queue.size() > 0) return CompleteSync(id, &lk);
+      return 0;
+    case IdState::kRequestReceived:
+      if (id->peer)
+        Send(id->peer, EncodeRej(id->comm_id, id->remote_comm_id, Rej{kRejConsumer, {}}));
+      if (id->listener) --id->listener->pending;
+      id->state = IdState::kFailed;
+      DetachPeer(id);
+      return 0;
+    case IdState::kConnecting:
+      ModifyToError(id);
+      return 0;
+    case IdState::kFailed:
+      ModifyToError(id);
+      return 0;
+    default:
+      return EINVAL;
+  }
+}
+
+int Cm::MigrateId(CmId* id, EventChannel* to) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (id->sync && !to) return EINVAL;
+  bool sync = false;
+  if (!to) {
+    to = CreateChannel();
+    if (!to) return errno;
+    sync = true;
+  }
+  EventChannel* from = ToChannel(id->pub.channel);
+  std::vector<CmEvent*> moving;
+  EraseEventsOf(from, id, &moving);
+  for (CmEvent* e : moving) to->queue.Push(e);
+  EventChannel* drop = nullptr;
+  if (id->owns_channel) {
+    if (id->pub.event) {
+      delete reinterpret_cast<CmEvent*>(id->pub.event);
+      id->pub.event = nullptr;
+    }
+    drop = from;
+  }
+  id->pub.channel = &to->pub;
+  id->sync = sync;
+  id->owns_channel = sync;
+  lk.unlock();
+  if (drop) DestroyChannel(drop);
+  return 0;
+}
+
+int Cm::SetOption(CmId* id, int level, int name, const void* val, size_t len) {
+  std::lock_guard<std::mutex> g(mu);
+  if (!val) return EINVAL;
+  if (level == RDMA_OPTION_ID) {
+    switch (name) {
+      case RDMA_OPTION_ID_TOS:
+        if (len != sizeof(uint8_t)) return EINVAL;
+        id->tos = *static_cast<const uint8_t*>(val);
+        id->tos_set = true;
+        FillRoute(id);
+        return 0;
+      case RDMA_OPTION_ID_REUSEADDR:
+        if (len != sizeof(int)) return EINVAL;
+        if (id->state != IdState::kIdle) return EINVAL;
+        id->reuse_addr = *static_cast<const int*>(val) != 0;
+        return 0;
+      case RDMA_OPTION_ID_AFONLY:
+        if (len != sizeof(int)) return EINVAL;
+        if (id->state != IdState::kIdle) return EINVAL;
+        id->afonly = *static_cast<const int*>(val) != 0;
+        return 0;
+      case RDMA_OPTION_ID_ACK_TIMEOUT:
+        if (len != sizeof(uint8_t)) return EINVAL;
+        id->ack_timeout = std::min<uint8_t>(*static_cast<const uint8_t*>(val), 31);
+        id->ack_timeout_set = true;
+        return 0;
+      default:
+        return ENOSYS;
+    }
+  }
+  if (level == RDMA_OPTION_IB && name == RDMA_OPTION_IB_PATH) {
+    // Path records given by the application (rdma_create_ep with ai_route): the route is ours
+    // to decide in software, so they are checked and then stand in for rdma_resolve_route.
+    if (len == 0 || len % sizeof(ibv_path_data) != 0) return EINVAL;
+    if (id->state != IdState::kAddrResolved) return EINVAL;
+    id->state = IdState::kRouteResolved;
+    FillRoute(id);
+    Report(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, nullptr);
+    return 0;
+  }
+  return ENOSYS;
+}
+
+int Cm::GetEvent(EventChannel* c, rdma_cm_event** out) {
+  if (!out) return EINVAL;
+  CmEvent* e = nullptr;
+  int err = c->queue.Pop(&e);
+  if (err) return err;
+  *out = &e->pub;
+  return 0;
+}
+
+int Cm::AckEvent(rdma_cm_event* e) {
+  if (!e) return EINVAL;
+  delete reinterpret_cast<CmEvent*>(e);
+  return 0;
+}
+
+int Cm::SetLocalEce(CmId* id, const ibv_ece* ece) {
+  std::lock_guard<std::mutex> g(mu);
+  if (id->pub.qp || !ece || !ece->vendor_id || ece->comp_mask) return EINVAL;
+  id->local_ece.vendor_id = ece->vendor_id;
+  id->local_ece.options = ece->options;
+  return 0;
+}
+
+int Cm::GetRemoteEce(CmId* id, ibv_ece* ece) {
+  std::lock_guard<std::mutex> g(mu);
+  if (id->pub.qp || !ece) return EINVAL;
+  ece->vendor_id = id->remote_ece.vendor_id;
+  ece->options = id->remote_ece.options;
+  ece->comp_mask = 0;
+  return 0;
+}
+
+// ---- messages from the peer (service thread, under mu) ----
+
+void Cm::OnMessage(Peer* p, const Message& m) {
+  if (m.type == MsgType::kReq) {
+    OnReq(p, m);
+    return;
+  }
+  auto it = ids_.find(m.receiver_id);
+  // Messages for ids that are gone, or that do not belong to this channel's connection, are
+  // stale (the id was destroyed) and dropped.
+  if (it == ids_.end() || it->second->peer != p ||
+      (it->second->remote_comm_id != 0 && it->second->remote_comm_id != m.sender_id)) {
+    if (m.type == MsgType::kDreq) Send(p, EncodeBare(MsgType::kDrep, 0, m.sender_id));
+    return;
+  }
+  CmId* id = it->second;
+  switch (m.type) {
+    case MsgType::kRep:
+      OnRep(id, m);
+      break;
+    case MsgType::kRtu:
+      OnRtu(id);
+      break;
+    case MsgType::kRej:
+      OnRej(id, m);
+      break;
+    case MsgType::kDreq:
+      OnDreq(id);
+      break;
+    case MsgType::kDrep:
+      OnDrep(id);
+      break;
+    default:
+      break;
+  }
+}
+
+void Cm::OnRep(CmId* id, const Message& m) {
+  if (id->state != IdState::kConnecting) return;
+  Disarm(id);
+  const Rep& r = m.rep;
+  id->remote_comm_id = m.sender_id;
+  id->remote_known = true;
+  id->remote_qpn = r.qpn;
+  id->remote_psn = r.psn;
+  std::memcpy(id->remote_gid, r.gid, 16);
+  id->remote_lid = r.lid;
+  id->remote_qkey = r.qkey;
+  id->remote_responder_resources = r.initiator_depth;
+  id->remote_initiator_depth = r.responder_resources;
+  id->rnr_retry_count = r.rnr_retry_count;
+  id->remote_ece.vendor_id = r.ece_vendor_id;
+  id->remote_ece.options = r.ece_options;
+  // What we may have outstanding is bounded by what the peer will serve.
+  id->initiator_depth = std::min(id->initiator_depth, r.responder_resources);
+  FillRoute(id);
+  CmEvent* e = nullptr;
+  if (IsUd(id)) {
+    if (r.status != 0) {
+      id->state = IdState::kFailed;
+      Report(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(r.status), &r.private_data);
+      return;
+    }
+    id->state = IdState::kConnected;
+    Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, &r.private_data, nullptr, &e);
+    rdma_ud_param& u = e->pub.param.ud;
+    u.qp_num = r.qpn;
+    u.qkey = r.qkey;
+    u.ah_attr.is_global = 1;
+    std::memcpy(&u.ah_attr.grh.dgid, r.gid, 16);
+    u.ah_attr.grh.hop_limit = 64;
+    u.ah_attr.grh.traffic_class = id->tos;
+    u.ah_attr.dlid = r.lid;
+    u.ah_attr.port_num = 1;
+    return;
+  }
+  auto fill = [&](CmEvent* ev) {
+    rdma_conn_param& c = ev->pub.param.conn;
+    c.responder_resources = id->remote_responder_resources;
+    c.initiator_depth = id->remote_initiator_depth;
+    c.flow_control = r.flow_control;
+    c.rnr_retry_count = r.rnr_retry_count;
+    c.srq = (r.flags & kFlagSrq) ? 1 : 0;
+    c.qp_num = r.qpn;
+  };
+  if (!id->pub.qp) {
+    id->state = IdState::kConnectResponse;
+    Report(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &r.private_data, nullptr, &e);
+    fill(e);
+    return;
+  }
+  if (ModifyToRtrRts(id) != 0) {
+    Send(id->peer, EncodeRej(id->comm_id, id->remote_comm_id, Rej{kRejConsumer, {}}));
+    id->state = IdState::kFailed;
+    ModifyToError(id);
+    Report(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL, nullptr);
+    return;
+  }
+  Send(id->peer, EncodeBare(MsgType::kRtu, id->comm_id, id->remote_comm_id));
+  id->state = IdState::kConnected;
+  Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, &r.private_data, nullptr, &e);
+  fill(e);
+}
+
+void Cm::OnRtu(CmId* id) {
+  if (id->state != IdState::kAcceptSent) return;
+  id->state = IdState::kConnected;
+  Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, nullptr);
+}
+
+void Cm::OnRej(CmId* id, const Message& m) {
+  if (id->state != IdState::kConnecting && id->state != IdState::kAcceptSent) return;
+  Disarm(id);
+  id->state = IdState::kFailed;
+  ModifyToError(id);
+  DetachPeer(id);
+  if (m.rej.reason == kRejNoListener) {
+    Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED, nullptr);
+  } else {
+    Report(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.rej.reason), &m.rej.private_data);
+  }
+}
+
+void Cm::OnDreq(CmId* id) {
+  if (id->peer) Send(id->peer, EncodeBare(MsgType::kDrep, id->comm_id, id->remote_comm_id));
+  switch (id->state) {
+    case IdState::kConnected:
+    case IdState::kConnectResponse:
+    case IdState::kAcceptSent:
+    case IdState::kDisconnectSent:
+      Disarm(id);
+      id->state = IdState::kDisconnected;
+      DetachPeer(id);
+      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      break;
+    default:
+      break;
+  }
+}
+
+void Cm::OnDrep(CmId* id) {
+  if (id->state != IdState::kDisconnectSent) return;
+  Disarm(id);
+  id->state = IdState::kDisconnected;
+  DetachPeer(id);
+  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+}
+
+void Cm::OnPeerLost(Peer* p) {
+  std::set<CmId*> ids;
+  ids.swap(p->ids);
+  for (CmId* id : ids) {
+    id->peer = nullptr;
+    switch (id->state) {
+      case IdState::kConnecting:
+        Disarm(id);
+        id->state = IdState::kFailed;
+        ModifyToError(id);
+        Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNRESET, nullptr);
+        break;
+      case IdState::kAcceptSent:
+        id->state = IdState::kFailed;
+        ModifyToError(id);
+        Report(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET, nullptr);
+        break;
+      case IdState::kConnected:
+      case IdState::kConnectResponse:
+      case IdState::kDisconnectSent:
+        Disarm(id);
+        id->state = IdState::kDisconnected;
+        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        break;
+      default:
+        break;  // a request not yet answered fails when it is (Accept)
+    }
+  }
+}
+
+void Cm::OnTimer(CmId* id) {
+  TimerKind kind = id->timer;
+  int status = id->timer_status;
+  Disarm(id);
+  switch (kind) {
+    case TimerKind::kAddrError:
+      Report(id, RDMA_CM_EVENT_ADDR_ERROR, status, nullptr);
+      break;
+    case TimerKind::kConnect:
+      if (id->state != IdState::kConnecting) break;
+      if (id->peer) {
+        Send(id->peer, EncodeRej(id->comm_id, id->remote_comm_id, Rej{kRejConsumer, {}}));
+      }
+      DetachPeer(id);
+      id->state = IdState::kFailed;
+      ModifyToError(id);
+      Report(id, RDMA_CM_EVENT_UNREACHABLE, status, nullptr);
+      break;
+    case TimerKind::kDisconnect:
+      if (id->state != IdState::kDisconnectSent) break;
+      id->state = IdState::kDisconnected;
+      DetachPeer(id);
+      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      break;
+    case TimerKind::kNone:
+      break;
+  }
+}
+
+}  // namespace softrdma::cm
