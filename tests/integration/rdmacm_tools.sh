@@ -435,15 +435,24 @@ rs_check() {
 		END { if (!ok) { print "no result line"; exit 1 } }' "$1"
 }
 
+# rs_case [--anchor] TOOL ARGS...: --anchor runs the stock libraries (for
+# -T s, plain sockets), which checks the case itself without softrdma.
 rs_case() {
+	local -a opts=()
+	local label=
+	if [[ $1 == --anchor ]]; then
+		opts=(--raw)
+		label="anchor: "
+		shift
+	fi
 	local tool=$1
 	shift
-	local args="$*" name daemon=()
-	name="$tool${args:+ $args}"
+	local args="$*" name
+	name="$label$tool${args:+ $args}"
 	want "$name" || return 0
-	[[ $tool == udpong ]] && daemon=(--server-daemon)
+	[[ $tool == udpong ]] && opts+=(--server-daemon)
 	srdma_next_port "$SNS"
-	run_pair "${daemon[@]}" --port "$PORT" --timeout "$(tmo_for "$name")" \
+	run_pair "${opts[@]}" --port "$PORT" --timeout "$(tmo_for "$name")" \
 		--reject "$REJECT_COMMON|verification failed" \
 		--check rs_check \
 		"$name" \
@@ -478,11 +487,12 @@ rcopy_case() {
 }
 
 rsocket_cases() {
+	rs_case --anchor rstream -T s -S 65536 -C 100
 	rs_case rstream -S 4096 -C 1000
-	rs_case rstream -S 1m -C 100 -T v
-	rs_case rstream -S 64k -C 1000 -T n
+	rs_case rstream -S 1048576 -C 100 -T v
+	rs_case rstream -S 65536 -C 1000 -T n
 	rs_case riostream -S 4096 -C 1000
-	rs_case riostream -S 64k -C 100 -T v
+	rs_case riostream -S 65536 -C 100 -T v
 	rcopy_case
 	rs_case udpong -S 1024 -C 100
 }
