@@ -67,7 +67,7 @@ struct Peer {
   std::set<CmId*> ids;
 };
 
-enum class TimerKind { kNone, kAddrError, kConnect, kDisconnect };
+enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect };
 
 struct CmId {
   rdma_cm_id pub;  // first
@@ -104,6 +104,9 @@ struct CmId {
   int afonly = 0;
   ibv_ece local_ece{}, remote_ece{};
 
+  std::unique_ptr<Req> pending_req;  // connecting: the REQ until its listener is found
+  uint64_t listener_deadline_ns = 0;
+
   TimerKind timer = TimerKind::kNone;
   uint64_t deadline_ns = 0;
   int timer_status = 0;
@@ -122,6 +125,9 @@ inline CmId* ToId(rdma_cm_id* id) {
 // answer before RDMA_CM_EVENT_UNREACHABLE; DREQ's bounds DISCONNECTED without a DREP.
 constexpr uint64_t kReqTimeoutMs = 4000;
 constexpr uint64_t kDreqTimeoutMs = 1000;
+// How long a connect looks for a listener that is not there (yet) before UNREACHABLE.
+constexpr uint64_t kListenerGraceMs = 1000;
+constexpr uint64_t kListenerPollMs = 5;
 
 class Cm {
  public:
@@ -188,10 +194,12 @@ class Cm {
   int ModifyToRtrRts(CmId* id);
   void ModifyToError(CmId* id);
   CmId* FindListenerFor(const Req& r);
+  void SendRequest(CmId* id, std::unique_lock<std::mutex>* lk);
 
   // service.cpp
   bool StartService();
   int ServicePort();
+  // `lk` (may be null: the service thread) is released while a new channel connects.
   Peer* PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk);
   void Send(Peer* p, const std::vector<uint8_t>& msg);
   void ClosePeer(Peer* p);
