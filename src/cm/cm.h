@@ -214,6 +214,7 @@ class Cm {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_device_attr device_attr_{};
+  PortClaim presence_;  // makes this namespace's addresses known to connecting processes
   ibv_gid gid_{};
   uint16_t lid_ = 0;
 
