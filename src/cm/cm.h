@@ -69,6 +69,14 @@ struct Peer {
 
 enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect };
 
+struct McastMembership {
+  Addr addr;
+  ibv_gid mgid{};
+  uint16_t mlid = 0;
+  void* context = nullptr;
+  bool attached = false;  // the id's QP receives the group's traffic
+};
+
 struct CmId {
   rdma_cm_id pub;  // first
   bool sync = false;
@@ -110,6 +118,8 @@ struct CmId {
   TimerKind timer = TimerKind::kNone;
   uint64_t deadline_ns = 0;
   int timer_status = 0;
+
+  std::vector<McastMembership> mcast;
 
   // What this id owns besides itself.
   bool owns_channel = false;
@@ -154,6 +164,8 @@ class Cm {
   int GetEvent(EventChannel* c, rdma_cm_event** out);
   int AckEvent(rdma_cm_event* e);
   int SetLocalEce(CmId* id, const ibv_ece* ece);
+  int JoinMulticast(CmId* id, const sockaddr* addr, uint16_t join_flags, void* context);
+  int LeaveMulticast(CmId* id, const sockaddr* addr);
   int GetRemoteEce(CmId* id, ibv_ece* ece);
 
   // --- QPs (qp_setup.cpp) ---
