@@ -67,7 +67,7 @@ struct Peer {
   std::set<CmId*> ids;
 };
 
-enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect };
+enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect, kTimewait };
 
 struct McastMembership {
   Addr addr;
@@ -138,6 +138,8 @@ constexpr uint64_t kDreqTimeoutMs = 1000;
 // How long a connect looks for a listener that is not there (yet) before UNREACHABLE.
 constexpr uint64_t kListenerGraceMs = 1000;
 constexpr uint64_t kListenerPollMs = 5;
+// From DISCONNECTED to TIMEWAIT_EXIT (IB's time-wait is a few packet lifetimes: seconds).
+constexpr uint64_t kTimewaitMs = 1000;
 
 class Cm {
  public:
@@ -201,6 +203,7 @@ class Cm {
   void OnDrep(CmId* id);
   void OnPeerLost(Peer* p);
   void OnTimer(CmId* id);
+  void ReportDisconnected(CmId* id);
   void DetachPeer(CmId* id);
   int FillQpAttr(CmId* id, ibv_qp_attr* attr, int* mask);
   int ModifyToRtrRts(CmId* id);

@@ -751,7 +751,7 @@ int Cm::Disconnect(CmId* id) {
       ModifyToError(id);
       if (!id->peer) {
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         return CompleteSync(id, &lk);
       }
       Send(id->peer, EncodeBare(MsgType::kDreq, id->comm_id, id->remote_comm_id));
@@ -1020,7 +1020,7 @@ void Cm::OnDreq(CmId* id) {
       Disarm(id);
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
       break;
     default:
       break;
@@ -1032,7 +1032,7 @@ void Cm::OnDrep(CmId* id) {
   Disarm(id);
   id->state = IdState::kDisconnected;
   DetachPeer(id);
-  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  ReportDisconnected(id);
 }
 
 void Cm::OnPeerLost(Peer* p) {
@@ -1057,12 +1057,20 @@ void Cm::OnPeerLost(Peer* p) {
       case IdState::kDisconnectSent:
         Disarm(id);
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         break;
       default:
         break;  // a request not yet answered fails when it is (Accept)
     }
   }
+}
+
+// DISCONNECTED, then (asynchronous ids) TIMEWAIT_EXIT once the connection's time-wait is over,
+// as the IB CM reports it. Synchronous ids get no time-wait event: no call of theirs waits for it.
+void Cm::ReportDisconnected(CmId* id) {
+  id->state = IdState::kDisconnected;
+  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  if (!id->sync) Arm(id, TimerKind::kTimewait, kTimewaitMs, 0);
 }
 
 void Cm::OnTimer(CmId* id) {
@@ -1090,7 +1098,10 @@ void Cm::OnTimer(CmId* id) {
       if (id->state != IdState::kDisconnectSent) break;
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
+      break;
+    case TimerKind::kTimewait:
+      Report(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, nullptr);
       break;
     case TimerKind::kNone:
       break;
