@@ -144,6 +144,7 @@ constexpr uint64_t kTimewaitMs = 1000;
 class Cm {
  public:
   static Cm& Get();
+  static void AfterForkInChild();
 
   // --- ids and channels (connection.cpp) ---
   EventChannel* CreateChannel();
