@@ -39,15 +39,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Cases known to fail (or to fail intermittently) with the library as it is,
 # each with its reason; drop entries once they pass reliably:
 #   rsockets (rstream, riostream, rcopy, udpong): rsocket calls fail ENOSYS.
-#   mckey: rdma_join_multicast fails ENOSYS (multicast not there yet).
-#   perftest -R (about 1 run in 3): the client's second connect (the test
-#     QPs, after the control connection) can beat the server's second
-#     rdma_listen on the same port and gets UNREACHABLE/-ECONNREFUSED at once;
-#     perftest's retry path then calls rdma_resolve_addr on the ids it has
-#     just destroyed and freed (a perftest bug) and dies with SIGSEGV.
-#   udaddy -c 10 -C 100: under CPU load some of the server's replies never
-#     reach the client (UD), which then waits forever.
-RDMACM_XFAIL_DEFAULT='^((rstream|riostream|rcopy|udpong|mckey)( |$)|ib_[a-z_]+ -R|udaddy -c 10 -C 100$)'
+#   udaddy -c 10 -C 100: intermittent under CPU load (about 1 run in 2 with
+#     two busy loops beside it): datagrams are lost, one side waits forever.
+#     The server posts its replies unsignaled and exits at once; destroy_qp
+#     drains inbound traffic only, so replies still queued on a TCP link that
+#     is being set up die with the process. A second loss (client -> server,
+#     both alive) was seen too.
+RDMACM_XFAIL_DEFAULT='^((rstream|riostream|rcopy|udpong)( |$)|udaddy -c 10 -C 100$)'
 SRDMA_XFAIL=${SOFTRDMA_TEST_XFAIL-$RDMACM_XFAIL_DEFAULT}
 
 NETNS=0
