@@ -777,7 +777,15 @@ int Cm::MigrateId(CmId* id, EventChannel* to) {
   EventChannel* from = ToChannel(id->pub.channel);
   std::vector<CmEvent*> moving;
   EraseEventsOf(from, id, &moving);
-  for (CmEvent* e : moving) to->queue.Push(e);
+  for (CmEvent* e : moving) {
+    // A request not read yet takes its new id along: rdma-core makes that id on the listener's
+    // channel when the request is read, so its later events come where the request did.
+    CmId* child = ToId(e->pub.id);
+    if (e->pub.listen_id == &id->pub && child != id && !child->owns_channel) {
+      child->pub.channel = &to->pub;
+    }
+    to->queue.Push(e);
+  }
   EventChannel* drop = nullptr;
   if (id->owns_channel) {
     if (id->pub.event) {
