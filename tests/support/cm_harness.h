@@ -403,6 +403,21 @@ class ChildProcess {
     return ::read(from_, &b, 1) == 1 ? b : -1;
   }
   bool Send(uint8_t b) { return ::write(to_, &b, 1) == 1; }
+  // Exactly `n` bytes within `timeout`.
+  bool Read(void* p, size_t n, milliseconds timeout = kWait) {
+    auto* c = static_cast<uint8_t*>(p);
+    auto deadline = Clock::now() + timeout;
+    while (n > 0) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0 || !Readable(from_, left)) return false;
+      ssize_t r = ::read(from_, c, n);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      c += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
 
   void Kill() {
     if (pid_ > 0) {
