@@ -9,6 +9,7 @@
 
 #include "cm/cm.h"
 #include "cm/ip_address.h"
+#include "core/log.h"
 
 namespace softrdma::cm {
 
@@ -493,26 +494,43 @@ int Cm::Connect(CmId* id, const rdma_conn_param* param) {
     r.private_data.assign(p, p + param->private_data_len);
   }
 
+  id->pending_req = std::make_unique<Req>(std::move(r));
+  id->listener_deadline_ns = NowNs() + kListenerGraceMs * 1000000ull;
+  id->state = IdState::kConnecting;
+  SendRequest(id, &lk);
+  return CompleteSync(id, &lk);
+}
+
+// Sends the id's REQ to the process that listens for its destination. A listener that is not
+// there yet is looked for again every few milliseconds for kListenerGraceMs: programs such as
+// perftest -R open their data listener just after the client learns of the server, and an
+// address resolved in microseconds would otherwise race it.
+void Cm::SendRequest(CmId* id, std::unique_lock<std::mutex>* lk) {
   auto service = FindListener(static_cast<uint16_t>(id->pub.ps), id->dst);
   if (!service) {
+    if (NowNs() < id->listener_deadline_ns) {
+      Arm(id, TimerKind::kListenerWait, kListenerPollMs, 0);
+      return;
+    }
+    SOFTRDMA_LOG("cm: nothing listens on %s port %u (port space 0x%x)", IpText(id->dst).c_str(),
+                 id->dst.port, static_cast<unsigned>(id->pub.ps));
     id->state = IdState::kFailed;
+    id->pending_req.reset();
     Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED, nullptr);
-    return CompleteSync(id, &lk);
+    return;
   }
-  if (!StartService()) return ENOMEM;
-  Peer* peer = PeerFor(*service, &lk);
-  if (id->destroying) return EINVAL;
+  Peer* peer = StartService() ? PeerFor(*service, lk) : nullptr;
   if (!peer) {
     id->state = IdState::kFailed;
+    id->pending_req.reset();
     Report(id, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH, nullptr);
-    return CompleteSync(id, &lk);
+    return;
   }
   id->peer = peer;
   peer->ids.insert(id);
-  id->state = IdState::kConnecting;
   Arm(id, TimerKind::kConnect, kReqTimeoutMs, -ETIMEDOUT);
-  Send(peer, EncodeReq(id->comm_id, r));
-  return CompleteSync(id, &lk);
+  Send(peer, EncodeReq(id->comm_id, *id->pending_req));
+  id->pending_req.reset();
 }
 
 CmId* Cm::FindListenerFor(const Req& r) {
@@ -733,7 +751,7 @@ int Cm::Disconnect(CmId* id) {
       ModifyToError(id);
       if (!id->peer) {
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         return CompleteSync(id, &lk);
       }
       Send(id->peer, EncodeBare(MsgType::kDreq, id->comm_id, id->remote_comm_id));
@@ -1010,7 +1028,7 @@ void Cm::OnDreq(CmId* id) {
       Disarm(id);
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
       break;
     default:
       break;
@@ -1022,7 +1040,7 @@ void Cm::OnDrep(CmId* id) {
   Disarm(id);
   id->state = IdState::kDisconnected;
   DetachPeer(id);
-  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  ReportDisconnected(id);
 }
 
 void Cm::OnPeerLost(Peer* p) {
@@ -1047,12 +1065,20 @@ void Cm::OnPeerLost(Peer* p) {
       case IdState::kDisconnectSent:
         Disarm(id);
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         break;
       default:
         break;  // a request not yet answered fails when it is (Accept)
     }
   }
+}
+
+// DISCONNECTED, then (asynchronous ids) TIMEWAIT_EXIT once the connection's time-wait is over,
+// as the IB CM reports it. Synchronous ids get no time-wait event: no call of theirs waits for it.
+void Cm::ReportDisconnected(CmId* id) {
+  id->state = IdState::kDisconnected;
+  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  if (!id->sync) Arm(id, TimerKind::kTimewait, kTimewaitMs, 0);
 }
 
 void Cm::OnTimer(CmId* id) {
@@ -1073,11 +1099,17 @@ void Cm::OnTimer(CmId* id) {
       ModifyToError(id);
       Report(id, RDMA_CM_EVENT_UNREACHABLE, status, nullptr);
       break;
+    case TimerKind::kListenerWait:
+      if (id->state == IdState::kConnecting && id->pending_req) SendRequest(id, nullptr);
+      break;
     case TimerKind::kDisconnect:
       if (id->state != IdState::kDisconnectSent) break;
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
+      break;
+    case TimerKind::kTimewait:
+      Report(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, nullptr);
       break;
     case TimerKind::kNone:
       break;

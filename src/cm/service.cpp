@@ -109,7 +109,7 @@ void Cm::Wake() {
 Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
   std::string key = IpText(s.ip) + ":" + std::to_string(s.port);
   if (auto it = peers_by_key_.find(key); it != peers_by_key_.end()) return it->second;
-  lk->unlock();
+  if (lk) lk->unlock();
   sockaddr_storage ss;
   ToSockaddr(s.ip, &ss);
   reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(s.port);
@@ -125,7 +125,7 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0;
     }
   }
-  lk->lock();
+  if (lk) lk->lock();
   if (!ok) {
     if (fd >= 0) close(fd);
     SOFTRDMA_LOG("cm: cannot reach CM service %s", key.c_str());
