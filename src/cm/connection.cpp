@@ -179,9 +179,16 @@ void Cm::Report(CmId* id, rdma_cm_event_type type, int status, const std::vector
     e->pub.param.conn.private_data = len ? e->private_data : nullptr;
     e->pub.param.conn.private_data_len = len;
   }
-  if (made) *made = e;
-  EventChannel* c = ToChannel(listen ? listen->pub.channel : id->pub.channel);
-  c->queue.Push(e);
+  if (made) {
+    *made = e;  // the caller completes it, then queues it (QueueEvent)
+    return;
+  }
+  QueueEvent(e);
+}
+
+void QueueEvent(CmEvent* e) {
+  rdma_cm_id* owner = e->pub.listen_id ? e->pub.listen_id : e->pub.id;
+  ToChannel(owner->channel)->queue.Push(e);
 }
 
 // Synchronous ids (rdma_create_id with a NULL channel): wait for the event the call produced,
@@ -636,6 +643,7 @@ void Cm::OnReq(Peer* p, const Message& m) {
     c.srq = (r.flags & kFlagSrq) ? 1 : 0;
     c.qp_num = r.qpn;
   }
+  QueueEvent(e);
 }
 
 int Cm::Accept(CmId* id, const rdma_conn_param* param) {
@@ -969,6 +977,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
     u.ah_attr.grh.traffic_class = id->tos;
     u.ah_attr.dlid = r.lid;
     u.ah_attr.port_num = 1;
+    QueueEvent(e);
     return;
   }
   auto fill = [&](CmEvent* ev) {
@@ -984,6 +993,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
     id->state = IdState::kConnectResponse;
     Report(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &r.private_data, nullptr, &e);
     fill(e);
+    QueueEvent(e);
     return;
   }
   if (ModifyToRtrRts(id) != 0) {
@@ -997,6 +1007,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
   id->state = IdState::kConnected;
   Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, &r.private_data, nullptr, &e);
   fill(e);
+  QueueEvent(e);
 }
 
 void Cm::OnRtu(CmId* id) {
