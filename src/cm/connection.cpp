@@ -911,6 +911,13 @@ void Cm::OnMessage(Peer* p, const Message& m) {
     return;
   }
   auto it = ids_.find(m.receiver_id);
+  if (it == ids_.end() && m.type == MsgType::kRej && m.receiver_id == 0) {
+    // A REJ from a requester that never learnt our id (its REQ timed out, or its id was
+    // destroyed, before our REP): it names its request by its own id.
+    for (CmId* c : p->ids) {
+      if (c->remote_comm_id == m.sender_id) it = ids_.find(c->comm_id);
+    }
+  }
   // Messages for ids that are gone, or that do not belong to this channel's connection, are
   // stale (the id was destroyed) and dropped.
   if (it == ids_.end() || it->second->peer != p ||
@@ -1017,6 +1024,15 @@ void Cm::OnRtu(CmId* id) {
 }
 
 void Cm::OnRej(CmId* id, const Message& m) {
+  if (id->state == IdState::kRequestReceived) {
+    // The requester gave up before we answered: the request is rejected (as IB CM reports a REJ
+    // in REQ_RCVD), no longer counts against the backlog, and can no longer be accepted.
+    if (id->listener) --id->listener->pending;
+    id->state = IdState::kFailed;
+    DetachPeer(id);
+    Report(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.rej.reason), &m.rej.private_data);
+    return;
+  }
   if (id->state != IdState::kConnecting && id->state != IdState::kAcceptSent) return;
   Disarm(id);
   id->state = IdState::kFailed;
