@@ -241,10 +241,46 @@ TEST_F(CmEvents, UnreachableWhenRequestIsNeverAnswered) {
   int64_t took = MsSince(t0);
   EXPECT_GE(took, 3900);
   EXPECT_LE(took, 6000);
-  // A late accept finds a connection the active side gave up on; it does not establish it.
+  // The active side gave up and said so: the passive side's request is rejected (as IB CM's REJ
+  // in REQ_RCVD gives the passive id REJECTED), and a late accept is refused.
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_REJECTED, &e));
+  EXPECT_EQ(e.id, server);
   ASSERT_TRUE(MakeQp(server));
-  rdma_accept(server, nullptr);
+  errno = 0;
+  EXPECT_EQ(rdma_accept(server, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
   EXPECT_TRUE(Quiet(cch, milliseconds(300)));
+}
+
+// The active id is destroyed while its request waits for an answer: the passive side learns it
+// (REJECTED), and the request no longer counts against the listener's backlog.
+TEST_F(CmEvents, ActiveIdDestroyedWhileRequestPendingRejectsThePassiveSide) {
+  rdma_event_channel* sch = Channel();
+  rdma_event_channel* cch = Channel();
+  uint16_t port = 0;
+  ASSERT_NE(Listen(sch, &port, RDMA_PS_TCP, "127.0.0.1", /*backlog=*/1), nullptr);
+  rdma_cm_id* client = Resolved(cch, port);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(MakeQp(client));
+  rdma_conn_param cp{};
+  cp.responder_resources = cp.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(client, &cp), 0);
+  Event req;
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_CONNECT_REQUEST, &req));
+  rdma_cm_id* server = Adopt(req.id);
+  Destroy(client);
+  Event e;
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_REJECTED, &e));
+  EXPECT_EQ(e.id, server);
+  ASSERT_TRUE(MakeQp(server));
+  errno = 0;
+  EXPECT_EQ(rdma_accept(server, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  // The backlog of 1 has room again.
+  rdma_cm_id* next = Resolved(cch, port);
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(MakeQp(next));
+  ASSERT_NE(Establish(next, sch), nullptr);
 }
 
 TEST_F(CmEvents, RejectedCarriesPrivateDataAndConsumerStatus) {
