@@ -357,6 +357,32 @@ TEST_F(CmEvents, DisconnectedOnBothSidesPassiveCloses) {
   EXPECT_TRUE(Quiet(cch));
 }
 
+// After DISCONNECTED, each asynchronous id gets TIMEWAIT_EXIT once the time-wait (1 s) is over.
+TEST_F(CmEvents, TimewaitExitFollowsDisconnectedOnBothSides) {
+  rdma_event_channel* sch = Channel();
+  rdma_event_channel* cch = Channel();
+  uint16_t port = 0;
+  ASSERT_NE(Listen(sch, &port), nullptr);
+  rdma_cm_id* client = Resolved(cch, port);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(MakeQp(client));
+  rdma_cm_id* server = Establish(client, sch);
+  ASSERT_NE(server, nullptr);
+  ASSERT_EQ(rdma_disconnect(client), 0);
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_DISCONNECTED));
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED));
+  auto t0 = Clock::now();
+  EXPECT_TRUE(Quiet(cch, milliseconds(500)));
+  Event e;
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_TIMEWAIT_EXIT, &e, milliseconds(2500)));
+  EXPECT_EQ(e.id, client);
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_TIMEWAIT_EXIT, &e, milliseconds(2500)));
+  EXPECT_EQ(e.id, server);
+  EXPECT_LE(MsSince(t0), 2500);
+  EXPECT_TRUE(Quiet(cch));
+  EXPECT_TRUE(Quiet(sch));
+}
+
 // Destroying a connected id tells its peer (DISCONNECTED), as the kernel's rdma_cm does.
 TEST_F(CmEvents, DestroyingAConnectedIdDisconnectsThePeer) {
   rdma_event_channel* sch = Channel();
