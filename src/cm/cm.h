@@ -62,6 +62,7 @@ struct Peer {
   int fd = -1;
   std::string key;  // "ip:port" of its service, or "" for accepted channels
   bool hello_seen = false;
+  uint64_t hello_deadline_ns = 0;  // a channel that says nothing by then is closed
   std::vector<uint8_t> rx;
   std::vector<uint8_t> tx;  // what the socket did not take yet
   std::set<CmId*> ids;
@@ -135,6 +136,8 @@ inline CmId* ToId(rdma_cm_id* id) {
 // answer before RDMA_CM_EVENT_UNREACHABLE; DREQ's bounds DISCONNECTED without a DREP.
 constexpr uint64_t kReqTimeoutMs = 4000;
 constexpr uint64_t kDreqTimeoutMs = 1000;
+// How long a new channel may stay silent before its Hello.
+constexpr uint64_t kHelloTimeoutMs = 5000;
 // How long a connect looks for a listener that is not there (yet) before UNREACHABLE.
 constexpr uint64_t kListenerGraceMs = 1000;
 constexpr uint64_t kListenerPollMs = 5;
@@ -144,6 +147,7 @@ constexpr uint64_t kTimewaitMs = 1000;
 class Cm {
  public:
   static Cm& Get();
+  static void AfterForkInChild();
 
   // --- ids and channels (connection.cpp) ---
   EventChannel* CreateChannel();

@@ -1,6 +1,8 @@
 // The CM state machine: what each rdma_* call and each received CM message does to an id, and
 // the events it reports (rdma_cm(7), rdma_create_id(3), rdma_accept(3)).
 #include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -56,10 +58,36 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+namespace {
+
+Cm* g_cm = nullptr;
+std::once_flag g_cm_once;
+
+}  // namespace
+
 Cm& Cm::Get() {
   // Never destroyed: the service thread may outlive static destructors at exit.
-  static Cm* cm = new Cm;
-  return *cm;
+  std::call_once(g_cm_once, [] {
+    g_cm = new Cm;
+    pthread_atfork(nullptr, nullptr, [] { Cm::AfterForkInChild(); });
+  });
+  return *g_cm;
+}
+
+// A fork()ed child has the parent's ids but not its service thread. It starts over with an empty
+// connection manager (ids are per process, as kernel ones are not inherited usefully either),
+// closing its copies of the parent's sockets and claims without removing the parent's files.
+void Cm::AfterForkInChild() {
+  Cm* old = g_cm;
+  for (auto& [comm, id] : old->ids_) id->claim.ForgetAfterFork();
+  old->presence_.ForgetAfterFork();
+  for (Peer* p : old->peers_) {
+    if (p->fd >= 0) close(p->fd);
+  }
+  for (int fd : {old->listen_fd_, old->epoll_fd_, old->wake_fd_}) {
+    if (fd >= 0) close(fd);
+  }
+  g_cm = new Cm;  // the old one is leaked on purpose: its lock may be held by a vanished thread
 }
 
 EventChannel* Cm::CreateChannel() {

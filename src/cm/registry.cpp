@@ -161,6 +161,11 @@ PortClaim::~PortClaim() {
   }
 }
 
+void PortClaim::ForgetAfterFork() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
 int PortClaim::ClaimPresence() {
   if (!EnsureDir()) return EACCES;
   path_ = Dir() + "/host-" + std::to_string(core::NetnsId()) + "-" + std::to_string(getpid());

@@ -31,6 +31,8 @@ class PortClaim {
   // Publishes that the claimant listens, and where its CM service is reached.
   bool Publish(uint16_t service_port);
   bool held() const { return fd_ >= 0; }
+  // Closes the claim without removing it: after fork(), the parent still holds it.
+  void ForgetAfterFork();
 
  private:
   std::string path_;
