@@ -254,4 +254,9 @@ class Cm {
 
 uint64_t NowNs();
 
+// Makes an event visible on its channel (its listener's for a connection request). Cm::Report
+// does it at once, except for an event it hands back through `made`: the caller fills in the rest
+// and then queues it, so the application never reads an event still being written.
+void QueueEvent(CmEvent* e);
+
 }  // namespace softrdma::cm

@@ -207,9 +207,16 @@ void Cm::Report(CmId* id, rdma_cm_event_type type, int status, const std::vector
     e->pub.param.conn.private_data = len ? e->private_data : nullptr;
     e->pub.param.conn.private_data_len = len;
   }
-  if (made) *made = e;
-  EventChannel* c = ToChannel(listen ? listen->pub.channel : id->pub.channel);
-  c->queue.Push(e);
+  if (made) {
+    *made = e;  // the caller completes it, then queues it (QueueEvent)
+    return;
+  }
+  QueueEvent(e);
+}
+
+void QueueEvent(CmEvent* e) {
+  rdma_cm_id* owner = e->pub.listen_id ? e->pub.listen_id : e->pub.id;
+  ToChannel(owner->channel)->queue.Push(e);
 }
 
 // Synchronous ids (rdma_create_id with a NULL channel): wait for the event the call produced,
@@ -664,6 +671,7 @@ void Cm::OnReq(Peer* p, const Message& m) {
     c.srq = (r.flags & kFlagSrq) ? 1 : 0;
     c.qp_num = r.qpn;
   }
+  QueueEvent(e);
 }
 
 int Cm::Accept(CmId* id, const rdma_conn_param* param) {
@@ -823,7 +831,15 @@ int Cm::MigrateId(CmId* id, EventChannel* to) {
   EventChannel* from = ToChannel(id->pub.channel);
   std::vector<CmEvent*> moving;
   EraseEventsOf(from, id, &moving);
-  for (CmEvent* e : moving) to->queue.Push(e);
+  for (CmEvent* e : moving) {
+    // A request not read yet takes its new id along: rdma-core makes that id on the listener's
+    // channel when the request is read, so its later events come where the request did.
+    CmId* child = ToId(e->pub.id);
+    if (e->pub.listen_id == &id->pub && child != id && !child->owns_channel) {
+      child->pub.channel = &to->pub;
+    }
+    to->queue.Push(e);
+  }
   EventChannel* drop = nullptr;
   if (id->owns_channel) {
     if (id->pub.event) {
@@ -923,6 +939,13 @@ void Cm::OnMessage(Peer* p, const Message& m) {
     return;
   }
   auto it = ids_.find(m.receiver_id);
+  if (it == ids_.end() && m.type == MsgType::kRej && m.receiver_id == 0) {
+    // A REJ from a requester that never learnt our id (its REQ timed out, or its id was
+    // destroyed, before our REP): it names its request by its own id.
+    for (CmId* c : p->ids) {
+      if (c->remote_comm_id == m.sender_id) it = ids_.find(c->comm_id);
+    }
+  }
   // Messages for ids that are gone, or that do not belong to this channel's connection, are
   // stale (the id was destroyed) and dropped.
   if (it == ids_.end() || it->second->peer != p ||
@@ -989,6 +1012,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
     u.ah_attr.grh.traffic_class = id->tos;
     u.ah_attr.dlid = r.lid;
     u.ah_attr.port_num = 1;
+    QueueEvent(e);
     return;
   }
   auto fill = [&](CmEvent* ev) {
@@ -1004,6 +1028,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
     id->state = IdState::kConnectResponse;
     Report(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &r.private_data, nullptr, &e);
     fill(e);
+    QueueEvent(e);
     return;
   }
   if (ModifyToRtrRts(id) != 0) {
@@ -1017,6 +1042,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
   id->state = IdState::kConnected;
   Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, &r.private_data, nullptr, &e);
   fill(e);
+  QueueEvent(e);
 }
 
 void Cm::OnRtu(CmId* id) {
@@ -1026,6 +1052,15 @@ void Cm::OnRtu(CmId* id) {
 }
 
 void Cm::OnRej(CmId* id, const Message& m) {
+  if (id->state == IdState::kRequestReceived) {
+    // The requester gave up before we answered: the request is rejected (as IB CM reports a REJ
+    // in REQ_RCVD), no longer counts against the backlog, and can no longer be accepted.
+    if (id->listener) --id->listener->pending;
+    id->state = IdState::kFailed;
+    DetachPeer(id);
+    Report(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.rej.reason), &m.rej.private_data);
+    return;
+  }
   if (id->state != IdState::kConnecting && id->state != IdState::kAcceptSent) return;
   Disarm(id);
   id->state = IdState::kFailed;

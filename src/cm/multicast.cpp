@@ -78,6 +78,7 @@ int Cm::JoinMulticast(CmId* id, const sockaddr* addr, uint16_t join_flags, void*
   u.ah_attr.port_num = 1;
   u.qp_num = 0xffffff;
   u.qkey = id->qkey ? id->qkey : RDMA_UDP_QKEY;
+  QueueEvent(e);
   return CompleteSync(id, &lk);
 }
 

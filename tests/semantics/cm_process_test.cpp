@@ -1,0 +1,201 @@
+// librdmacm across processes: a peer in another process (this binary re-executed, see
+// ChildProcess in cm_harness.h) is killed with SIGKILL, and its connections must learn it at once:
+// DISCONNECTED on established connections, UNREACHABLE on a pending connect, and the dead
+// listener's port no longer answers. Bound: kDeathBound (the CM channel's TCP close is immediate
+// on one host; the bound leaves room for loaded CI machines).
+#include "support/cm_harness.h"
+
+namespace cmtest {
+namespace {
+
+constexpr milliseconds kDeathBound{2000};
+
+// ---- the child side (no gtest in here: it reports through its pipe and exit code) ----
+
+bool ChildWrite(const void* p, size_t n) {
+  return ::write(kChildUp, p, n) == static_cast<ssize_t>(n);
+}
+
+// Blocks until the parent kills us (or closes its end / dies).
+[[noreturn]] void ChildHold() {
+  uint8_t b;
+  while (::read(kChildDown, &b, 1) > 0) {
+  }
+  _exit(0);
+}
+
+ibv_qp_init_attr ChildQpAttr() {
+  return RcAttr();
+}
+
+// "listen" / "listen-hold": listens on a free port, reports 'L' and the port (2 bytes, host
+// order); "listen" accepts the first request and reports 'C' once established, "listen-hold"
+// reports 'R' when the request arrived and never answers it.
+int ChildListen(bool accept) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* listen = nullptr;
+  if (!ch || rdma_create_id(ch, &listen, nullptr, RDMA_PS_TCP)) return 2;
+  uint16_t port = 0;
+  for (int tries = 0; tries < 50 && !port; ++tries) {
+    uint16_t p = NextPort();
+    sockaddr_storage a = Ip("127.0.0.1", p);
+    if (rdma_bind_addr(listen, Sa(&a)) == 0) port = p;
+  }
+  if (!port || rdma_listen(listen, 4)) return 3;
+  if (!ChildWrite("L", 1) || !ChildWrite(&port, 2)) return 4;
+  Event req = Take(ch, milliseconds(10000));
+  if (!req.ok || req.type != RDMA_CM_EVENT_CONNECT_REQUEST) return 5;
+  if (!accept) {
+    ChildWrite("R", 1);
+    ChildHold();
+  }
+  ibv_qp_init_attr qa = ChildQpAttr();
+  if (rdma_create_qp(req.id, nullptr, &qa)) return 6;
+  if (rdma_accept(req.id, nullptr)) return 7;
+  Event est = Take(ch, milliseconds(10000));
+  if (!est.ok || est.type != RDMA_CM_EVENT_ESTABLISHED) return 8;
+  ChildWrite("C", 1);
+  ChildHold();
+}
+
+// "connect": connects to 127.0.0.1:<arg> and reports 'C' once established.
+int ChildConnect(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 2;
+  sockaddr_storage dst = Ip("127.0.0.1", port);
+  if (rdma_resolve_addr(id, nullptr, Sa(&dst), 2000)) return 3;
+  Event e = Take(ch);
+  if (!e.ok || e.type != RDMA_CM_EVENT_ADDR_RESOLVED) return 4;
+  if (rdma_resolve_route(id, 2000)) return 5;
+  e = Take(ch);
+  if (!e.ok || e.type != RDMA_CM_EVENT_ROUTE_RESOLVED) return 6;
+  ibv_qp_init_attr qa = ChildQpAttr();
+  if (rdma_create_qp(id, nullptr, &qa)) return 7;
+  rdma_conn_param cp{};
+  cp.responder_resources = cp.initiator_depth = 1;
+  cp.rnr_retry_count = 7;
+  if (rdma_connect(id, &cp)) return 8;
+  e = Take(ch, milliseconds(10000));
+  if (!e.ok || e.type != RDMA_CM_EVENT_ESTABLISHED) return 9;
+  ChildWrite("C", 1);
+  ChildHold();
+}
+
+int RunChildIfAsked() {
+  const char* role = getenv("SOFTRDMA_CM_CHILD");
+  if (!role) return 0;
+  alarm(60);  // watchdog
+  const char* arg = getenv("SOFTRDMA_CM_CHILD_ARG");
+  int code = 1;
+  std::string r = role;
+  if (r == "listen") {
+    code = ChildListen(true);
+  } else if (r == "listen-hold") {
+    code = ChildListen(false);
+  } else if (r == "connect") {
+    code = ChildConnect(static_cast<uint16_t>(atoi(arg ? arg : "0")));
+  }
+  ChildWrite("X", 1);  // failed before its next report
+  _exit(code);
+}
+
+// Runs before main() in every process of this binary; only a child has the role set.
+[[maybe_unused]] const int kChildDispatch = RunChildIfAsked();
+
+// ---- the tests ----
+
+class CmProcess : public CmTest {
+ protected:
+  // Starts a listening child and returns its port (0 on failure).
+  uint16_t StartListeningChild(const char* role) {
+    if (!child_.Start(role, "")) return 0;
+    uint8_t tag = 0;
+    uint16_t port = 0;
+    if (!child_.Read(&tag, 1) || tag != 'L' || !child_.Read(&port, 2)) return 0;
+    return port;
+  }
+
+  ChildProcess child_;
+};
+
+TEST_F(CmProcess, KilledPassivePeerDisconnectsTheActiveSide) {
+  uint16_t port = StartListeningChild("listen");
+  ASSERT_NE(port, 0) << "child did not start listening";
+  rdma_event_channel* cch = Channel();
+  rdma_cm_id* client = Resolved(cch, port);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(MakeQp(client));
+  rdma_conn_param cp{};
+  cp.responder_resources = cp.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(client, &cp), 0) << strerror(errno);
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_ESTABLISHED));
+  ASSERT_EQ(child_.Recv(), 'C');
+  EXPECT_EQ(QueryQp(client->qp).qp_state, IBV_QPS_RTS);
+
+  child_.Kill();
+  auto t0 = Clock::now();
+  Event e;
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_DISCONNECTED, &e, kDeathBound));
+  EXPECT_EQ(e.id, client);
+  RecordProperty("disconnected_after_ms", std::to_string(MsSince(t0)));
+  // The application's usual answer works and leaves the QP in error.
+  EXPECT_EQ(rdma_disconnect(client), 0);
+  EXPECT_EQ(QueryQp(client->qp).qp_state, IBV_QPS_ERR);
+  EXPECT_TRUE(Quiet(cch));
+}
+
+TEST_F(CmProcess, KilledActivePeerDisconnectsThePassiveSide) {
+  rdma_event_channel* sch = Channel();
+  uint16_t port = 0;
+  ASSERT_NE(Listen(sch, &port), nullptr);
+  ASSERT_TRUE(child_.Start("connect", std::to_string(port)));
+  Event req;
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_CONNECT_REQUEST, &req));
+  rdma_cm_id* server = Adopt(req.id);
+  ASSERT_TRUE(MakeQp(server));
+  ASSERT_EQ(rdma_accept(server, nullptr), 0) << strerror(errno);
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_ESTABLISHED));
+  ASSERT_EQ(child_.Recv(), 'C');
+
+  child_.Kill();
+  auto t0 = Clock::now();
+  Event e;
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED, &e, kDeathBound));
+  EXPECT_EQ(e.id, server);
+  RecordProperty("disconnected_after_ms", std::to_string(MsSince(t0)));
+  EXPECT_EQ(rdma_disconnect(server), 0);
+  EXPECT_TRUE(Quiet(sch));
+}
+
+// The peer dies with our request unanswered: UNREACHABLE at once, not after the REQ timeout; and
+// its port, no longer claimed by anyone, refuses the next connect.
+TEST_F(CmProcess, KilledListenerFailsAPendingConnectAndFreesItsPort) {
+  uint16_t port = StartListeningChild("listen-hold");
+  ASSERT_NE(port, 0) << "child did not start listening";
+  rdma_event_channel* cch = Channel();
+  rdma_cm_id* client = Resolved(cch, port);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(MakeQp(client));
+  rdma_conn_param cp{};
+  cp.responder_resources = cp.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(client, &cp), 0) << strerror(errno);
+  ASSERT_EQ(child_.Recv(), 'R');
+
+  child_.Kill();
+  auto t0 = Clock::now();
+  Event e;
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_UNREACHABLE, &e, kDeathBound));
+  EXPECT_LT(MsSince(t0), kDeathBound.count());
+  EXPECT_NE(e.status, 0);
+
+  rdma_cm_id* again = Resolved(cch, port);
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(MakeQp(again));
+  ASSERT_EQ(rdma_connect(again, &cp), 0) << strerror(errno);
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_UNREACHABLE, &e, kDeathBound));
+  EXPECT_EQ(e.status, -ECONNREFUSED);
+}
+
+}  // namespace
+}  // namespace cmtest
