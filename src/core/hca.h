@@ -55,6 +55,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
   // See link::Endpoint::SecureQueuedPayloads.
   void SecureQueuedPayloads() { endpoint_->SecureQueuedPayloads(); }
+  bool WaitTxIdle(int64_t max_ns) { return endpoint_->WaitTxIdle(max_ns); }
 
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread

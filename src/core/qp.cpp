@@ -473,6 +473,8 @@ void Qp::Shutdown() {
     g.lock();
   }
   g.unlock();
+  // What this QP sent or acknowledged leaves the host before the application may exit.
+  hca_.WaitTxIdle(kTxFlushMaxNs);
   hca_.RemoveQp(qpn_);
 }
 

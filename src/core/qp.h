@@ -192,6 +192,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
   int64_t last_rx_ns_ = 0;  // when the last inbound frame for this QP began
   static constexpr int64_t kDrainQuietNs = 2'000'000;
   static constexpr int64_t kDrainMaxNs = 50'000'000;
+  // How long a destroy waits for queued outbound frames to reach their sockets.
+  static constexpr int64_t kTxFlushMaxNs = 1'000'000'000;
   int64_t last_arm_ns_ = 0;
   // How long an idle QP keeps its place among the timers (a first retransmit after a quiet spell
   // may fire up to this much late; frames arriving meanwhile re-evaluate timers anyway).

@@ -14,11 +14,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <deque>
 #include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "link/frame_codec.h"
@@ -66,6 +68,13 @@ struct Endpoint::Impl {
   std::map<uint64_t, std::shared_ptr<TcpChannel>> outbound;
   std::set<std::shared_ptr<TcpChannel>> channels;
   std::vector<std::shared_ptr<TcpChannel>> graveyard;  // progress thread only
+  // Channels that stopped on their frame budget with frames still in their buffer; served by the
+  // next Dispatch (under progress_mu, like every reader).
+  std::vector<std::shared_ptr<TcpChannel>> rx_pending;
+  void RxPending(std::shared_ptr<TcpChannel> ch) {
+    rx_pending.push_back(std::move(ch));
+    Wake();
+  }
 
   std::unique_ptr<UdpLink> udp;
 
@@ -190,6 +199,15 @@ class TcpChannel final : public Channel, public Pollable {
   }
 
   int fd() const { return fd_; }
+
+  // Frames still waiting for the socket (connecting, or the socket was full).
+  bool TxPending() {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    return !txq_.empty() && !closed() && !broken_;
+  }
+
+  // Progress thread (or a claimed poller): handles frames already read into the buffer.
+  void ServeBuffered() { OnReadable(); }
 
   void OwnQueuedPayloads() {
     std::lock_guard<std::mutex> g(tx_mu_);
@@ -360,7 +378,8 @@ class TcpChannel final : public Channel, public Pollable {
 
   void OnReadable() {
     drained_ = false;
-    for (int frames = 0; frames < kFramesPerWakeup && !dead_;) {
+    int frames = 0;
+    for (; frames < kFramesPerWakeup && !dead_;) {
       if (in_frame_) {
         if (!PumpPayload()) break;
         ++frames;
@@ -405,7 +424,11 @@ class TcpChannel final : public Channel, public Pollable {
       seg_off_ = 0;
       ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
     }
-    if (dead_) Close();
+    if (dead_) return Close();
+    // Out of budget with bytes already read: the socket may have nothing more to report, so
+    // epoll would not bring us back to them. Ask for another turn.
+    if (frames >= kFramesPerWakeup && Buffered() > 0)
+      ep_.RxPending(std::static_pointer_cast<TcpChannel>(shared_from_this()));
   }
 
   Endpoint::Impl& ep_;
@@ -568,6 +591,14 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
     auto* p = static_cast<Pollable*>(events[i].data.ptr);
     p->OnEvents(events[i].events);
     ++handled;
+  }
+  if (!rx_pending.empty()) {
+    std::vector<std::shared_ptr<TcpChannel>> again;
+    again.swap(rx_pending);
+    for (auto& ch : again) {
+      if (!ch->closed()) ch->ServeBuffered();
+      ++handled;
+    }
   }
   handled += DrainLoopback();
   sink.OnBatchEnd();
@@ -765,6 +796,23 @@ void Endpoint::SecureQueuedPayloads() {
   for (auto& ch : all) ch->OwnQueuedPayloads();
   std::lock_guard<std::mutex> g(im.loop_mu);
   for (OutFrame& f : im.loop_frames) f.OwnPayload();
+}
+
+bool Endpoint::WaitTxIdle(int64_t max_ns) {
+  Impl& im = *impl_;
+  const int64_t start = NowNs();
+  for (;;) {
+    std::vector<std::shared_ptr<TcpChannel>> all;
+    {
+      std::lock_guard<std::mutex> g(im.mu);
+      all.assign(im.channels.begin(), im.channels.end());
+    }
+    bool pending = false;
+    for (auto& ch : all) pending = pending || ch->TxPending();
+    if (!pending) return true;
+    if (NowNs() - start > max_ns) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) {

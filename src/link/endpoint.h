@@ -40,6 +40,10 @@ class Endpoint {
   // Copies the payloads that queued frames still borrow from application memory, before that
   // memory may go away (a QP failing or destroyed, a region deregistered).
   void SecureQueuedPayloads();
+  // Waits (at most `max_ns`) until every frame queued on a TCP channel has been written to its
+  // socket: a destroyed QP's last sends and ACKs must not die in our queue when the process
+  // exits right after (a UD reply sent just before exit, to a peer still being connected to).
+  bool WaitTxIdle(int64_t max_ns);
   // Makes the progress thread re-evaluate its timers now.
   void Wake();
   // Stops the thread without touching sockets: for a fork()ed child that must not act on the

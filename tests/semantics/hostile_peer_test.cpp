@@ -32,6 +32,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -924,3 +925,32 @@ TEST_F(HostilePeer, AConnectionDroppedMidSendKeepsItsReceive) {
 }
 
 }  // namespace
+
+// A burst that arrives in one piece: 1000 small writes written to the socket at once are all
+// read into the link's buffer by the first few reads, and the link handles at most 256 frames per
+// wake-up. The rest must still be handled although the socket then has nothing more to report
+// (they sat in the buffer until the next byte arrived, which for UD traffic may be never).
+TEST_F(HostilePeer, ABurstReadInOnePieceIsHandledWhole) {
+  constexpr uint32_t kWrites = 1000;
+  Bytes burst;
+  for (uint32_t i = 0; i < kWrites; ++i) {
+    Bytes ib = IbHeader(kWriteOnly, qp_->qp_num, psn_ + i);
+    AddReth(ib, Va(size_t{i} * 4), mr_->rkey, 4);
+    Bytes value;
+    Put32(value, i + 1);
+    Bytes f = LinkFrame(ib, value);
+    burst.insert(burst.end(), f.begin(), f.end());
+  }
+  ASSERT_TRUE(peer_.Send(burst));
+  auto deadline = Clock::now() + std::chrono::milliseconds(kIoTimeoutMs);
+  auto landed = [&] {
+    for (uint32_t i = 0; i < kWrites; ++i)
+      if (Get32(region_ + i * 4) != i + 1) return false;
+    return true;
+  };
+  while (!landed() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(landed()) << "part of a burst stayed in the link's buffer";
+  EXPECT_NE(QpState(), IBV_QPS_ERR);
+  EXPECT_TRUE(GuardsIntact());
+}

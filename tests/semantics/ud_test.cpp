@@ -220,3 +220,57 @@ TEST_F(Ud, DatagramsFromAnotherProcessCarryItsGidAndLidAndCanBeAnswered) {
 
 }  // namespace
 }  // namespace semantics
+
+namespace semantics {
+namespace {
+
+// Datagrams a process sent right before destroying its QP and exiting still arrive: a destroy
+// waits (bounded) until queued frames are written to their sockets. Without that, a burst larger
+// than the socket buffers died in the sender's queue with the process (udaddy's server exits
+// right after its replies; its client then waited forever).
+TEST_F(Ud, DatagramsSentJustBeforeDestroyAndExitArrive) {
+  const QpOpts base = UdOpts();
+  constexpr int kCount = 8000;
+  constexpr uint32_t kLen = 4096;
+  QpOpts ro = base;
+  ro.max_recv_wr = kCount;
+  ro.cq_depth = kCount + 16;
+  Qp* me = v.NewQp(ro);
+  ASSERT_NE(me, nullptr);
+  ASSERT_EQ(BringUp(me->qp, ro, Remote{}), 0);
+  Buffer* rbuf = Buf(size_t{kCount} * (kLen + kGrh));
+  for (int i = 0; i < kCount; ++i)
+    ASSERT_EQ(PostRecv(me->qp, *rbuf, size_t(i) * (kLen + kGrh), kLen + kGrh, i), 0);
+  ForkedPeer child;
+  Remote target = v.RemoteOf(me);
+  ASSERT_TRUE(child.Start([base, target](int, int) {
+    Verbs cv;
+    if (!cv.Open()) return 10;
+    QpOpts so = base;
+    so.max_send_wr = kCount;
+    so.cq_depth = kCount + 16;
+    Qp* q = cv.NewQp(so);
+    Buffer* b = cv.NewBuffer(kLen);
+    if (!q || !b || BringUp(q->qp, so, Remote{})) return 11;
+    ibv_ah* ah = cv.AhTo(target, true);  // a first-time peer: its connection is being opened
+    if (!ah) return 12;
+    for (int i = 0; i < kCount; ++i) {
+      SendArgs s;
+      s.wr_id = i;
+      s.sges = {b->Sge(0, kLen)};
+      s.ah = ah;
+      s.remote_qpn = target.qpn;
+      s.remote_qkey = kQkey;
+      if (Post(q->qp, s)) return 13;
+    }
+    if (PollN(q->scq, kCount).size() != size_t(kCount)) return 14;
+    if (ibv_destroy_qp(q->qp)) return 15;
+    _exit(0);  // at once: nothing after the destroy may help the frames out
+  }));
+  auto wcs = PollN(me->rcq, kCount, std::chrono::milliseconds(10000));
+  EXPECT_EQ(wcs.size(), size_t(kCount)) << "datagrams died with the sending process";
+  EXPECT_EQ(child.Wait(), 0);
+}
+
+}  // namespace
+}  // namespace semantics
