@@ -19,7 +19,6 @@ namespace {
 TEST(EventQueue, BlockingPopSurvivesConcurrentPurge) {
   EventQueue<int> q;
   ASSERT_TRUE(q.ok());
-  std::atomic<bool> stop{false};
   std::atomic<int> failures{0}, popped{0}, bad_value{0};
   std::atomic<bool> done{false};
   std::thread reader([&] {
