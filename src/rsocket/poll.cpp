@@ -13,7 +13,8 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
   if (!fds && nfds) return -EFAULT;
   using Clock = std::chrono::steady_clock;
   const bool forever = timeout_ms < 0;
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
   std::vector<std::shared_ptr<Socket>> socks(nfds);
   bool any_rsocket = false;
   for (nfds_t i = 0; i < nfds; ++i) {

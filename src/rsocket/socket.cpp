@@ -45,12 +45,24 @@ Socket::~Socket() {
   if (fd_ >= 0) close(fd_);
 }
 
-int Socket::Listen(int) { return -EOPNOTSUPP; }
-int Socket::Accept(sockaddr*, socklen_t*) { return -EOPNOTSUPP; }
-off_t Socket::IoMap(void*, size_t, int, int, off_t) { return -EOPNOTSUPP; }
-int Socket::IoUnmap(void*, size_t) { return -EOPNOTSUPP; }
-ssize_t Socket::IoWrite(const void*, size_t, off_t, int) { return -EOPNOTSUPP; }
-int Socket::OnSetOption(int, int, const void*, socklen_t) { return 0; }
+int Socket::Listen(int) {
+  return -EOPNOTSUPP;
+}
+int Socket::Accept(sockaddr*, socklen_t*) {
+  return -EOPNOTSUPP;
+}
+off_t Socket::IoMap(void*, size_t, int, int, off_t) {
+  return -EOPNOTSUPP;
+}
+int Socket::IoUnmap(void*, size_t) {
+  return -EOPNOTSUPP;
+}
+ssize_t Socket::IoWrite(const void*, size_t, off_t, int) {
+  return -EOPNOTSUPP;
+}
+int Socket::OnSetOption(int, int, const void*, socklen_t) {
+  return 0;
+}
 
 int Socket::TakeError() {
   int e = so_error_;

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 
 #include "rsocket/fd_table.h"
 
@@ -26,15 +25,23 @@ constexpr int kWaitSliceMs = 100;
 
 // Immediate data: 4 bits of kind, 28 bits of value.
 enum ImmKind : uint32_t { kImmData = 1, kImmCtrl = 2, kImmFin = 3 };
-uint32_t Imm(ImmKind k, uint32_t v) { return (static_cast<uint32_t>(k) << 28) | (v & 0x0fffffff); }
+uint32_t Imm(ImmKind k, uint32_t v) {
+  return (static_cast<uint32_t>(k) << 28) | (v & 0x0fffffff);
+}
 
 enum CtrlOp : uint32_t { kCtrlCredit = 1, kCtrlIoMap = 2, kCtrlIoUnmap = 3 };
 
 // Work request ids: 8 bits of kind, 56 bits of value (the send ring position after the WR).
 enum WrKind : uint64_t { kWrData = 1, kWrCtrl = 2, kWrRecv = 3 };
-uint64_t WrId(WrKind k, uint64_t v) { return (static_cast<uint64_t>(k) << 56) | (v & ((1ull << 56) - 1)); }
-WrKind KindOf(uint64_t wr_id) { return static_cast<WrKind>(wr_id >> 56); }
-uint64_t ValueOf(uint64_t wr_id) { return wr_id & ((1ull << 56) - 1); }
+uint64_t WrId(WrKind k, uint64_t v) {
+  return (static_cast<uint64_t>(k) << 56) | (v & ((1ull << 56) - 1));
+}
+WrKind KindOf(uint64_t wr_id) {
+  return static_cast<WrKind>(wr_id >> 56);
+}
+uint64_t ValueOf(uint64_t wr_id) {
+  return wr_id & ((1ull << 56) - 1);
+}
 
 // The local ACK timeout exponent (4.096 us << 20 = 4.3 s). Over our links frames are never lost,
 // so a retransmission only ever means a peer that did not get the CPU: with the default timeout a
@@ -217,9 +224,14 @@ int StreamSocket::AdoptRequest(const Request& req) {
     rdma_reject(id_, nullptr, 0);
     return r;
   }
-  ConnInfo mine{kMagic,   kVersion,         reinterpret_cast<uint64_t>(rbuf_),
-                reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_), rmr_->rkey, rbuf_size_,
-                nslots_,  rq_depth_};
+  ConnInfo mine{kMagic,
+                kVersion,
+                reinterpret_cast<uint64_t>(rbuf_),
+                reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_),
+                rmr_->rkey,
+                rbuf_size_,
+                nslots_,
+                rq_depth_};
   rdma_conn_param p{};
   p.private_data = &mine;
   p.private_data_len = sizeof mine;
@@ -363,7 +375,6 @@ void StreamSocket::DrainCm() {
 }
 
 void StreamSocket::HandleCmEvent(rdma_cm_event* e) {
-  if (getenv("RS_DEBUG")) fprintf(stderr, "rs %d: cm event %s status %d state %d\n", fd_, rdma_event_str(e->event), e->status, static_cast<int>(state_));
   switch (e->event) {
     case RDMA_CM_EVENT_CONNECT_REQUEST: {
       Request r{e->id, {}, false};
@@ -393,9 +404,14 @@ void StreamSocket::HandleCmEvent(rdma_cm_event* e) {
         Fail(-r);
         return;
       }
-      ConnInfo mine{kMagic,   kVersion,         reinterpret_cast<uint64_t>(rbuf_),
-                    reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_), rmr_->rkey, rbuf_size_,
-                    nslots_,  rq_depth_};
+      ConnInfo mine{kMagic,
+                    kVersion,
+                    reinterpret_cast<uint64_t>(rbuf_),
+                    reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_),
+                    rmr_->rkey,
+                    rbuf_size_,
+                    nslots_,
+                    rq_depth_};
       rdma_conn_param p{};
       p.private_data = &mine;
       p.private_data_len = sizeof mine;
@@ -467,7 +483,6 @@ void StreamSocket::DrainCq() {
 }
 
 void StreamSocket::HandleCompletion(const ibv_wc& wc) {
-  if (wc.status && getenv("RS_DEBUG")) fprintf(stderr, "rs %d: wc %lx status %s op %d\n", fd_, (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status), wc.opcode);
   WrKind kind = KindOf(wc.wr_id);
   if (kind == kWrRecv) {
     if (wc.status != IBV_WC_SUCCESS) {
@@ -528,9 +543,9 @@ bool StreamSocket::CanSendCtrl() const {
 }
 
 bool StreamSocket::CanSendData() const {
-  return state_ == State::kConnected && !err_ && !peer_gone_ && !shut_wr_ &&
-         ctrl_queue_.empty() && sq_out_ < sq_depth_ && WrCredit() > kCtrlReserve &&
-         PeerRingFree() > 0 && sbuf_head_ - sbuf_tail_ < sbuf_size_;
+  return state_ == State::kConnected && !err_ && !peer_gone_ && !shut_wr_ && ctrl_queue_.empty() &&
+         sq_out_ < sq_depth_ && WrCredit() > kCtrlReserve && PeerRingFree() > 0 &&
+         sbuf_head_ - sbuf_tail_ < sbuf_size_;
 }
 
 int StreamSocket::PostWrite(ibv_wr_opcode op, uint64_t wr_id, const void* local, uint32_t len,
@@ -611,8 +626,8 @@ int StreamSocket::ConnError() const {
   return 0;
 }
 
-ssize_t StreamSocket::SendChunk(const iovec* iov, int iovcnt, size_t skip, size_t len,
-                                bool to_ring, uint64_t raddr, uint32_t rkey) {
+ssize_t StreamSocket::SendChunk(const iovec* iov, int iovcnt, size_t skip, size_t len, bool to_ring,
+                                uint64_t raddr, uint32_t rkey) {
   if (sq_out_ >= sq_depth_) return 0;
   size_t n = std::min<size_t>(len, kMaxChunk);
   uint64_t roff = 0;

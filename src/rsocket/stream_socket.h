@@ -145,13 +145,13 @@ class StreamSocket : public Socket, public std::enable_shared_from_this<StreamSo
   uint32_t rbuf_size_ = 0;
   uint32_t nslots_ = 0;
   uint32_t rq_depth_ = 0;
-  uint64_t rx_total_ = 0;    // bytes the peer wrote into rbuf
-  uint64_t consumed_ = 0;    // bytes the application took
-  uint64_t reposted_ = 0;    // receive WRs reposted
+  uint64_t rx_total_ = 0;  // bytes the peer wrote into rbuf
+  uint64_t consumed_ = 0;  // bytes the application took
+  uint64_t reposted_ = 0;  // receive WRs reposted
   uint64_t credited_bytes_ = 0;
   uint64_t credited_wrs_ = 0;
-  bool fin_rx_ = false;      // the peer will send no more
-  bool peer_gone_ = false;   // DISCONNECTED seen
+  bool fin_rx_ = false;     // the peer will send no more
+  bool peer_gone_ = false;  // DISCONNECTED seen
   bool shut_rd_ = false;
 
   // Send side.
@@ -163,7 +163,7 @@ class StreamSocket : public Socket, public std::enable_shared_from_this<StreamSo
   uint64_t tx_bytes_ = 0;   // bytes written into the peer's rbuf
   uint64_t peer_consumed_ = 0;
   uint64_t peer_reposted_ = 0;
-  uint64_t imm_sent_ = 0;   // messages that consumed a peer receive WR
+  uint64_t imm_sent_ = 0;  // messages that consumed a peer receive WR
   uint32_t sq_depth_ = 0;
   uint32_t sq_out_ = 0;
   uint32_t ctrl_seq_ = 0;

@@ -90,8 +90,7 @@ SOFTRDMA_EXPORT ssize_t rrecvmsg(int socket, msghdr* msg, int flags) {
 }
 SOFTRDMA_EXPORT ssize_t rsend(int socket, const void* buf, size_t len, int flags) {
   iovec iov{const_cast<void*>(buf), len};
-  return With<ssize_t>(socket,
-                       [&](rs::Socket& s) { return s.Send(&iov, 1, flags, nullptr, 0); });
+  return With<ssize_t>(socket, [&](rs::Socket& s) { return s.Send(&iov, 1, flags, nullptr, 0); });
 }
 SOFTRDMA_EXPORT ssize_t rsendto(int socket, const void* buf, size_t len, int flags,
                                 const sockaddr* dest_addr, socklen_t addrlen) {
@@ -167,10 +166,8 @@ SOFTRDMA_EXPORT int rfcntl(int socket, int cmd, ...) {
   return With<int>(socket, [&](rs::Socket& s) { return s.Fcntl(cmd, arg); });
 }
 
-SOFTRDMA_EXPORT off_t riomap(int socket, void* buf, size_t len, int prot, int flags,
-                             off_t offset) {
-  return With<off_t>(socket,
-                     [&](rs::Socket& s) { return s.IoMap(buf, len, prot, flags, offset); });
+SOFTRDMA_EXPORT off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offset) {
+  return With<off_t>(socket, [&](rs::Socket& s) { return s.IoMap(buf, len, prot, flags, offset); });
 }
 SOFTRDMA_EXPORT int riounmap(int socket, void* buf, size_t len) {
   return With<int>(socket, [&](rs::Socket& s) { return s.IoUnmap(buf, len); });
@@ -178,6 +175,6 @@ SOFTRDMA_EXPORT int riounmap(int socket, void* buf, size_t len) {
 // Declared size_t by rsocket.h; returns (size_t)-1 with errno on failure, as upstream does.
 SOFTRDMA_EXPORT size_t riowrite(int socket, const void* buf, size_t count, off_t offset,
                                 int flags) {
-  return static_cast<size_t>(With<ssize_t>(
-      socket, [&](rs::Socket& s) { return s.IoWrite(buf, count, offset, flags); }));
+  return static_cast<size_t>(
+      With<ssize_t>(socket, [&](rs::Socket& s) { return s.IoWrite(buf, count, offset, flags); }));
 }
