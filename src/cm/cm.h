@@ -62,12 +62,21 @@ struct Peer {
   int fd = -1;
   std::string key;  // "ip:port" of its service, or "" for accepted channels
   bool hello_seen = false;
+  uint64_t hello_deadline_ns = 0;  // a channel that says nothing by then is closed
   std::vector<uint8_t> rx;
   std::vector<uint8_t> tx;  // what the socket did not take yet
   std::set<CmId*> ids;
 };
 
-enum class TimerKind { kNone, kAddrError, kConnect, kDisconnect };
+enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect, kTimewait };
+
+struct McastMembership {
+  Addr addr;
+  ibv_gid mgid{};
+  uint16_t mlid = 0;
+  void* context = nullptr;
+  bool attached = false;  // the id's QP receives the group's traffic
+};
 
 struct CmId {
   rdma_cm_id pub;  // first
@@ -104,9 +113,14 @@ struct CmId {
   int afonly = 0;
   ibv_ece local_ece{}, remote_ece{};
 
+  std::unique_ptr<Req> pending_req;  // connecting: the REQ until its listener is found
+  uint64_t listener_deadline_ns = 0;
+
   TimerKind timer = TimerKind::kNone;
   uint64_t deadline_ns = 0;
   int timer_status = 0;
+
+  std::vector<McastMembership> mcast;
 
   // What this id owns besides itself.
   bool owns_channel = false;
@@ -122,10 +136,18 @@ inline CmId* ToId(rdma_cm_id* id) {
 // answer before RDMA_CM_EVENT_UNREACHABLE; DREQ's bounds DISCONNECTED without a DREP.
 constexpr uint64_t kReqTimeoutMs = 4000;
 constexpr uint64_t kDreqTimeoutMs = 1000;
+// How long a new channel may stay silent before its Hello.
+constexpr uint64_t kHelloTimeoutMs = 5000;
+// How long a connect looks for a listener that is not there (yet) before UNREACHABLE.
+constexpr uint64_t kListenerGraceMs = 1000;
+constexpr uint64_t kListenerPollMs = 5;
+// From DISCONNECTED to TIMEWAIT_EXIT (IB's time-wait is a few packet lifetimes: seconds).
+constexpr uint64_t kTimewaitMs = 1000;
 
 class Cm {
  public:
   static Cm& Get();
+  static void AfterForkInChild();
 
   // --- ids and channels (connection.cpp) ---
   EventChannel* CreateChannel();
@@ -148,6 +170,8 @@ class Cm {
   int GetEvent(EventChannel* c, rdma_cm_event** out);
   int AckEvent(rdma_cm_event* e);
   int SetLocalEce(CmId* id, const ibv_ece* ece);
+  int JoinMulticast(CmId* id, const sockaddr* addr, uint16_t join_flags, void* context);
+  int LeaveMulticast(CmId* id, const sockaddr* addr);
   int GetRemoteEce(CmId* id, ibv_ece* ece);
 
   // --- QPs (qp_setup.cpp) ---
@@ -183,15 +207,18 @@ class Cm {
   void OnDrep(CmId* id);
   void OnPeerLost(Peer* p);
   void OnTimer(CmId* id);
+  void ReportDisconnected(CmId* id);
   void DetachPeer(CmId* id);
   int FillQpAttr(CmId* id, ibv_qp_attr* attr, int* mask);
   int ModifyToRtrRts(CmId* id);
   void ModifyToError(CmId* id);
   CmId* FindListenerFor(const Req& r);
+  void SendRequest(CmId* id, std::unique_lock<std::mutex>* lk);
 
   // service.cpp
   bool StartService();
   int ServicePort();
+  // `lk` (may be null: the service thread) is released while a new channel connects.
   Peer* PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk);
   void Send(Peer* p, const std::vector<uint8_t>& msg);
   void ClosePeer(Peer* p);
@@ -206,6 +233,7 @@ class Cm {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_device_attr device_attr_{};
+  PortClaim presence_;  // makes this namespace's addresses known to connecting processes
   ibv_gid gid_{};
   uint16_t lid_ = 0;
 

@@ -1,6 +1,8 @@
 // The CM state machine: what each rdma_* call and each received CM message does to an id, and
 // the events it reports (rdma_cm(7), rdma_create_id(3), rdma_accept(3)).
 #include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,6 +11,7 @@
 
 #include "cm/cm.h"
 #include "cm/ip_address.h"
+#include "core/log.h"
 
 namespace softrdma::cm {
 
@@ -55,10 +58,36 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+namespace {
+
+Cm* g_cm = nullptr;
+std::once_flag g_cm_once;
+
+}  // namespace
+
 Cm& Cm::Get() {
   // Never destroyed: the service thread may outlive static destructors at exit.
-  static Cm* cm = new Cm;
-  return *cm;
+  std::call_once(g_cm_once, [] {
+    g_cm = new Cm;
+    pthread_atfork(nullptr, nullptr, [] { Cm::AfterForkInChild(); });
+  });
+  return *g_cm;
+}
+
+// A fork()ed child has the parent's ids but not its service thread. It starts over with an empty
+// connection manager (ids are per process, as kernel ones are not inherited usefully either),
+// closing its copies of the parent's sockets and claims without removing the parent's files.
+void Cm::AfterForkInChild() {
+  Cm* old = g_cm;
+  for (auto& [comm, id] : old->ids_) id->claim.ForgetAfterFork();
+  old->presence_.ForgetAfterFork();
+  for (Peer* p : old->peers_) {
+    if (p->fd >= 0) close(p->fd);
+  }
+  for (int fd : {old->listen_fd_, old->epoll_fd_, old->wake_fd_}) {
+    if (fd >= 0) close(fd);
+  }
+  g_cm = new Cm;  // the old one is leaked on purpose: its lock may be held by a vanished thread
 }
 
 EventChannel* Cm::CreateChannel() {
@@ -493,26 +522,43 @@ int Cm::Connect(CmId* id, const rdma_conn_param* param) {
     r.private_data.assign(p, p + param->private_data_len);
   }
 
+  id->pending_req = std::make_unique<Req>(std::move(r));
+  id->listener_deadline_ns = NowNs() + kListenerGraceMs * 1000000ull;
+  id->state = IdState::kConnecting;
+  SendRequest(id, &lk);
+  return CompleteSync(id, &lk);
+}
+
+// Sends the id's REQ to the process that listens for its destination. A listener that is not
+// there yet is looked for again every few milliseconds for kListenerGraceMs: programs such as
+// perftest -R open their data listener just after the client learns of the server, and an
+// address resolved in microseconds would otherwise race it.
+void Cm::SendRequest(CmId* id, std::unique_lock<std::mutex>* lk) {
   auto service = FindListener(static_cast<uint16_t>(id->pub.ps), id->dst);
   if (!service) {
+    if (NowNs() < id->listener_deadline_ns) {
+      Arm(id, TimerKind::kListenerWait, kListenerPollMs, 0);
+      return;
+    }
+    SOFTRDMA_LOG("cm: nothing listens on %s port %u (port space 0x%x)", IpText(id->dst).c_str(),
+                 id->dst.port, static_cast<unsigned>(id->pub.ps));
     id->state = IdState::kFailed;
+    id->pending_req.reset();
     Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED, nullptr);
-    return CompleteSync(id, &lk);
+    return;
   }
-  if (!StartService()) return ENOMEM;
-  Peer* peer = PeerFor(*service, &lk);
-  if (id->destroying) return EINVAL;
+  Peer* peer = StartService() ? PeerFor(*service, lk) : nullptr;
   if (!peer) {
     id->state = IdState::kFailed;
+    id->pending_req.reset();
     Report(id, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH, nullptr);
-    return CompleteSync(id, &lk);
+    return;
   }
   id->peer = peer;
   peer->ids.insert(id);
-  id->state = IdState::kConnecting;
   Arm(id, TimerKind::kConnect, kReqTimeoutMs, -ETIMEDOUT);
-  Send(peer, EncodeReq(id->comm_id, r));
-  return CompleteSync(id, &lk);
+  Send(peer, EncodeReq(id->comm_id, *id->pending_req));
+  id->pending_req.reset();
 }
 
 CmId* Cm::FindListenerFor(const Req& r) {
@@ -733,7 +779,7 @@ int Cm::Disconnect(CmId* id) {
       ModifyToError(id);
       if (!id->peer) {
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         return CompleteSync(id, &lk);
       }
       Send(id->peer, EncodeBare(MsgType::kDreq, id->comm_id, id->remote_comm_id));
@@ -1002,7 +1048,7 @@ void Cm::OnDreq(CmId* id) {
       Disarm(id);
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
       break;
     default:
       break;
@@ -1014,7 +1060,7 @@ void Cm::OnDrep(CmId* id) {
   Disarm(id);
   id->state = IdState::kDisconnected;
   DetachPeer(id);
-  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  ReportDisconnected(id);
 }
 
 void Cm::OnPeerLost(Peer* p) {
@@ -1039,12 +1085,20 @@ void Cm::OnPeerLost(Peer* p) {
       case IdState::kDisconnectSent:
         Disarm(id);
         id->state = IdState::kDisconnected;
-        Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+        ReportDisconnected(id);
         break;
       default:
         break;  // a request not yet answered fails when it is (Accept)
     }
   }
+}
+
+// DISCONNECTED, then (asynchronous ids) TIMEWAIT_EXIT once the connection's time-wait is over,
+// as the IB CM reports it. Synchronous ids get no time-wait event: no call of theirs waits for it.
+void Cm::ReportDisconnected(CmId* id) {
+  id->state = IdState::kDisconnected;
+  Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+  if (!id->sync) Arm(id, TimerKind::kTimewait, kTimewaitMs, 0);
 }
 
 void Cm::OnTimer(CmId* id) {
@@ -1065,11 +1119,17 @@ void Cm::OnTimer(CmId* id) {
       ModifyToError(id);
       Report(id, RDMA_CM_EVENT_UNREACHABLE, status, nullptr);
       break;
+    case TimerKind::kListenerWait:
+      if (id->state == IdState::kConnecting && id->pending_req) SendRequest(id, nullptr);
+      break;
     case TimerKind::kDisconnect:
       if (id->state != IdState::kDisconnectSent) break;
       id->state = IdState::kDisconnected;
       DetachPeer(id);
-      Report(id, RDMA_CM_EVENT_DISCONNECTED, 0, nullptr);
+      ReportDisconnected(id);
+      break;
+    case TimerKind::kTimewait:
+      Report(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, nullptr);
       break;
     case TimerKind::kNone:
       break;

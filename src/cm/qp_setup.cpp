@@ -44,6 +44,7 @@ ibv_context* Cm::Context() {
     return nullptr;
   }
   ctx_ = ctx;
+  presence_.ClaimPresence();
   return ctx_;
 }
 

@@ -161,6 +161,29 @@ PortClaim::~PortClaim() {
   }
 }
 
+void PortClaim::ForgetAfterFork() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+int PortClaim::ClaimPresence() {
+  if (!EnsureDir()) return EACCES;
+  path_ = Dir() + "/host-" + std::to_string(core::NetnsId()) + "-" + std::to_string(getpid());
+  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return EACCES;
+  if (flock(fd, LOCK_EX) != 0) {
+    close(fd);
+    return EACCES;
+  }
+  fd_ = fd;
+  port_space_ = 0;
+  addr_ = Addr{};
+  addr_.family = 4;
+  std::memcpy(addr_.ip + 10, "\xff\xff", 2);
+  Publish(0);
+  return 0;
+}
+
 int PortClaim::Claim(uint16_t port_space, const Addr& addr, bool reuse) {
   if (!EnsureDir()) return EACCES;
   DirLock lock;

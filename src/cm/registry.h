@@ -25,9 +25,14 @@ class PortClaim {
   // 0, or EADDRINUSE when a live claim conflicts (same namespace, port space and port, and the
   // same address or a wildcard on either side, unless both ask to reuse the address).
   int Claim(uint16_t port_space, const Addr& addr, bool reuse);
+  // Publishes that this process's CM is in this namespace (port space 0, port 0; never conflicts),
+  // which is what KnownHost looks for.
+  int ClaimPresence();
   // Publishes that the claimant listens, and where its CM service is reached.
   bool Publish(uint16_t service_port);
   bool held() const { return fd_ >= 0; }
+  // Closes the claim without removing it: after fork(), the parent still holds it.
+  void ForgetAfterFork();
 
  private:
   std::string path_;

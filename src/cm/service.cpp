@@ -109,7 +109,7 @@ void Cm::Wake() {
 Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
   std::string key = IpText(s.ip) + ":" + std::to_string(s.port);
   if (auto it = peers_by_key_.find(key); it != peers_by_key_.end()) return it->second;
-  lk->unlock();
+  if (lk) lk->unlock();
   sockaddr_storage ss;
   ToSockaddr(s.ip, &ss);
   reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(s.port);
@@ -125,7 +125,7 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0;
     }
   }
-  lk->lock();
+  if (lk) lk->lock();
   if (!ok) {
     if (fd >= 0) close(fd);
     SOFTRDMA_LOG("cm: cannot reach CM service %s", key.c_str());
@@ -139,6 +139,7 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
   auto* p = new Peer;
   p->fd = fd;
   p->key = key;
+  p->hello_deadline_ns = NowNs() + kHelloTimeoutMs * 1000000ull;
   peers_by_key_[key] = p;
   peers_.insert(p);
   epoll_event ev{};
@@ -264,6 +265,7 @@ void Cm::AcceptChannels() {
     SetNoDelay(fd);
     auto* p = new Peer;
     p->fd = fd;
+    p->hello_deadline_ns = NowNs() + kHelloTimeoutMs * 1000000ull;
     peers_.insert(p);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -299,9 +301,13 @@ void Cm::Run() {
       for (Peer* p : g_graveyard) delete p;
       g_graveyard.clear();
       uint64_t now = NowNs();
-      for (CmId* id : timed_) {
-        uint64_t left = id->deadline_ns > now ? (id->deadline_ns - now) / 1000000 + 1 : 0;
+      auto consider = [&](uint64_t deadline) {
+        uint64_t left = deadline > now ? (deadline - now) / 1000000 + 1 : 0;
         if (timeout < 0 || left < static_cast<uint64_t>(timeout)) timeout = static_cast<int>(left);
+      };
+      for (CmId* id : timed_) consider(id->deadline_ns);
+      for (Peer* p : peers_) {
+        if (!p->hello_seen) consider(p->hello_deadline_ns);
       }
     }
     int n = epoll_wait(epoll_fd_, events, 64, timeout);
@@ -330,6 +336,15 @@ void Cm::Run() {
     }
     for (CmId* id : due) {
       if (timed_.count(id)) OnTimer(id);
+    }
+    std::vector<Peer*> silent;
+    for (Peer* p : peers_) {
+      if (!p->hello_seen && p->hello_deadline_ns <= now) silent.push_back(p);
+    }
+    for (Peer* p : silent) {
+      SOFTRDMA_LOG("cm: a channel sent no Hello in %llu ms; closing it",
+                   static_cast<unsigned long long>(kHelloTimeoutMs));
+      ClosePeer(p);
     }
   }
 }

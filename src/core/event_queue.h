@@ -38,14 +38,32 @@ class EventQueue {
   // Blocks unless the application made the fd non-blocking; then returns EAGAIN when empty.
   // A signal interrupts the wait with EINTR, as the read() in rdma-core does: programs such as
   // qperf end timed tests with SIGALRM and rely on it.
+  //
+  // The eventfd holds one count per queued item, plus `stale_` counts of items that Purge removed
+  // while a reader was inside Pop (it cannot take those counts back then, see Purge). A reader
+  // whose count turns out to be stale finds the queue empty and waits again.
   int Pop(T* out) {
-    uint64_t v;
-    ssize_t r = read(fd_, &v, sizeof v);
-    if (r != sizeof v) return r < 0 ? errno : EIO;
-    std::lock_guard<std::mutex> g(mu_);
-    *out = items_.front();
-    items_.pop_front();
-    return 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++readers_;
+    }
+    for (;;) {
+      uint64_t v;
+      ssize_t r = read(fd_, &v, sizeof v);
+      std::lock_guard<std::mutex> g(mu_);
+      if (r != sizeof v) {
+        --readers_;
+        return r < 0 ? errno : EIO;
+      }
+      if (items_.empty()) {  // the count of a purged item
+        if (stale_ > 0) --stale_;
+        continue;
+      }
+      --readers_;
+      *out = items_.front();
+      items_.pop_front();
+      return 0;
+    }
   }
 
   size_t size() {
@@ -66,15 +84,25 @@ class EventQueue {
         ++it;
       }
     }
-    // Consume the matching semaphore counts without blocking.
+    if (removed == 0) return 0;
+    if (readers_ > 0) {
+      // A reader is inside Pop: it may hold the count of an item just removed, and the file
+      // status flags are shared with it, so making the fd non-blocking here would make its
+      // blocking read() fail with EAGAIN (rdma_get_cm_event did, in cmtime's server). Leave the
+      // counts; readers skip them.
+      stale_ += removed;
+      return removed;
+    }
+    // Nobody is in Pop, and nobody enters while we hold mu_: the counts of the removed items are
+    // in the eventfd. Take them back without blocking, so that poll() does not report them.
     int fl = fcntl(fd_, F_GETFL);
-    fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
+    if (!(fl & O_NONBLOCK)) fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
     for (int i = 0; i < removed; ++i) {
       uint64_t v;
       ssize_t r = read(fd_, &v, sizeof v);
       (void)r;
     }
-    fcntl(fd_, F_SETFL, fl);
+    if (!(fl & O_NONBLOCK)) fcntl(fd_, F_SETFL, fl);
     return removed;
   }
 
@@ -82,6 +110,8 @@ class EventQueue {
   int fd_;
   std::mutex mu_;
   std::deque<T> items_;
+  int readers_ = 0;     // threads inside Pop
+  uint64_t stale_ = 0;  // counts in the eventfd whose items were purged
 };
 
 }  // namespace softrdma::core

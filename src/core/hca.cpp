@@ -52,6 +52,7 @@ void Hca::ForkChild() {
 void Hca::AbandonAfterFork() {
   if (endpoint_) endpoint_.release()->Abandon();
   slots_.ForgetAfterFork();
+  mcast_.ForgetAfterFork();
 }
 
 Hca::~Hca() = default;
@@ -99,6 +100,7 @@ void Hca::RemoveQp(uint32_t qpn) {
     auto it = qps_.find(qpn);
     if (it == qps_.end()) return;
     keep = std::move(it->second);
+    mcast_.DetachAll(qpn);
     qps_.erase(it);
   }
   std::lock_guard<std::mutex> g(timer_mu_);
@@ -139,6 +141,17 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
                addr->ip >> 24, (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255,
                addr->port);
   return udp ? endpoint_->Datagram(*addr) : endpoint_->Connect(*addr);
+}
+
+std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> Hca::McastTargets(
+    const ibv_gid& mgid) {
+  std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> out;
+  for (uint32_t qpn : mcast_.Members(mgid)) {
+    ibv_ah_attr a{};
+    a.dlid = static_cast<uint16_t>(qpn >> kQpIndexBits);
+    if (auto ch = Resolve(a, qpn, true)) out.emplace_back(std::move(ch), qpn);
+  }
+  return out;
 }
 
 void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {

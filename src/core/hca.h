@@ -19,6 +19,7 @@
 
 #include "core/addressing.h"
 #include "core/mr.h"
+#include "core/multicast.h"
 #include "core/qp.h"
 #include "link/endpoint.h"
 
@@ -44,6 +45,11 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // `datagram`: the channel carries UD traffic, which may take the UDP link.
   std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn,
                                          bool datagram = false);
+
+  McastRegistry& mcast() { return mcast_; }
+  // One channel and member QPN per QP attached to `mgid` anywhere on the host.
+  std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> McastTargets(
+      const ibv_gid& mgid);
 
   // Runs inbound work on the calling thread (an application polling an empty CQ).
   bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
@@ -80,6 +86,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   uint64_t node_guid_ = 0;
   std::unique_ptr<link::Endpoint> endpoint_;
   MrTable mrs_;
+  McastRegistry mcast_;
   std::atomic<uint32_t> pd_handles_{0};
 
   std::shared_mutex qp_mu_;

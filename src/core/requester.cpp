@@ -2,6 +2,7 @@
 // outstanding read/atomic budget and RNR back-off. Runs inline in ibv_post_send and again from the
 // completer when a response frees the way.
 #include <algorithm>
+#include <cstddef>
 
 #include "core/context.h"
 #include "core/cq.h"
@@ -137,7 +138,9 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   w.sent = true;
   if (m.read_or_atomic) ++rd_outstanding_;
 
-  if (!av || !av->channel || av->channel->closed()) {
+  bool multicast = type_ == IBV_QPT_UD && av && dqpn == kMulticastQpn && av->attr.is_global &&
+                   IsMulticastGid(av->attr.grh.dgid);
+  if (!multicast && (!av || !av->channel || av->channel->closed())) {
     SOFTRDMA_LOG("qp %#x: no path to qpn %#x, message %s", qpn_, dqpn,
                  type_ == IBV_QPT_RC ? "fails" : "lost");
     // Unreliable transports lose the message silently; RC reports the dead path.
@@ -176,6 +179,17 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   }
   if (type_ == IBV_QPT_RC && !ack_defer_ && link::NowNs() - ack_sent_ns_ < kReplyWindowNs)
     ack_defer_ = true;  // this request answers what we just acknowledged: ping-pong traffic
+  if (multicast) {
+    // One copy per member QP; each names its receiver, the GRH keeps the group's GID.
+    size_t dest_at = static_cast<size_t>(bth - f.hdr) + offsetof(wire::Bth, dest_qp);
+    for (auto& [channel, member] : hca_.McastTargets(av->attr.grh.dgid)) {
+      if (channel->closed()) continue;
+      link::OutFrame copy = f;
+      wire::Store24(copy.hdr + dest_at + 1, member);
+      channel->Send(std::move(copy));
+    }
+    return IBV_WC_SUCCESS;
+  }
   av->channel->Send(std::move(f));
   return IBV_WC_SUCCESS;
 }

@@ -78,6 +78,13 @@ srdma_require_build() {
 
 T_PASS=0
 T_FAIL=0
+# Expected failures: cases whose name matches the ERE SRDMA_XFAIL (empty =
+# none) and fail are printed "XFAIL name (reason)" and counted in T_XFAIL, not
+# in T_FAIL; if such a case passes it is printed "XPASS name" and counted as a
+# pass (and in T_XPASS): a hint that the entry may go, unless it is flaky.
+SRDMA_XFAIL=${SRDMA_XFAIL:-}
+T_XFAIL=0
+T_XPASS=0
 T_LOGDIR=
 T_VERBOSE=${SOFTRDMA_TEST_VERBOSE:-0}
 T_TAIL_LINES=25
@@ -109,19 +116,30 @@ _srdma_slug() {
 # Prints the one-line verdict; on failure also keeps the tails of the given
 # logs in FAILURES.txt (and on stderr with --verbose).
 srdma_record() {
-	local name=$1 status=$2 reason=${3:-} log
+	local name=$1 status=$2 reason=${3:-} log verdict=FAIL
 	shift $(($# < 3 ? $# : 3))
 	if [[ $status == pass ]]; then
 		T_PASS=$((T_PASS + 1))
+		if srdma_is_xfail "$name"; then
+			T_XPASS=$((T_XPASS + 1))
+			echo "XPASS $name (on the expected-failure list)"
+			printf 'XPASS %s\n' "$name" >>"$T_LOGDIR/results.txt"
+			return 0
+		fi
 		echo "PASS $name"
 		printf 'PASS %s\n' "$name" >>"$T_LOGDIR/results.txt"
 		return 0
 	fi
-	T_FAIL=$((T_FAIL + 1))
-	echo "FAIL $name ($reason)"
-	printf 'FAIL %s (%s)\n' "$name" "$reason" >>"$T_LOGDIR/results.txt"
+	if srdma_is_xfail "$name"; then
+		verdict=XFAIL
+		T_XFAIL=$((T_XFAIL + 1))
+	else
+		T_FAIL=$((T_FAIL + 1))
+	fi
+	echo "$verdict $name ($reason)"
+	printf '%s %s (%s)\n' "$verdict" "$name" "$reason" >>"$T_LOGDIR/results.txt"
 	{
-		echo "=== FAIL $name ($reason)"
+		echo "=== $verdict $name ($reason)"
 		for log in "$@"; do
 			[[ -f $log ]] || continue
 			echo "--- tail of $log"
@@ -139,10 +157,23 @@ srdma_record() {
 	return 1
 }
 
-# Print the closing summary; returns the suite's exit status.
+# srdma_is_xfail NAME: true if NAME is on the expected-failure list.
+srdma_is_xfail() {
+	[[ -n $SRDMA_XFAIL && $1 =~ $SRDMA_XFAIL ]]
+}
+
+# Print the closing summary; returns the suite's exit status. Expected
+# failures are reported as skipped (", N skipped" may follow the counts).
 srdma_summary() {
 	echo "logs: $T_LOGDIR" >&2
-	echo "$T_PASS passed, $T_FAIL failed"
+	if ((T_XFAIL > 0 || T_XPASS > 0)); then
+		echo "($T_XFAIL expected failures (XFAIL), $T_XPASS unexpected passes (XPASS))" >&2
+	fi
+	if ((T_XFAIL > 0)); then
+		echo "$T_PASS passed, $T_FAIL failed, $T_XFAIL skipped"
+	else
+		echo "$T_PASS passed, $T_FAIL failed"
+	fi
 	((T_FAIL == 0))
 }
 
@@ -251,13 +282,43 @@ srdma_is_listening() {
 	[[ -n $(_srdma_in_ns "$ns" ss -Hltn "sport = :$port" 2>/dev/null) ]]
 }
 
-# srdma_wait_listen PID PORT NS SECS: wait until PORT listens in NS, while the
-# server PID is still alive. Sets LISTEN_ERR and returns 1 on failure.
+# srdma_cm_rundir: the run directory softrdma's libraries use (as
+# core::RunDirectory()).
+srdma_cm_rundir() {
+	echo "${SOFTRDMA_RUNDIR:-/dev/shm/softrdma}"
+}
+
+# srdma_is_cm_listening PORT [NS]: true if a softrdma CM id listens on PORT in
+# NS (any port space). librdmacm's listeners open no TCP socket: a listening
+# id publishes "<run dir>/cm/<netns inode>-<ps>-<port>-<pid>-<n>" with a
+# non-zero "listen" line (src/cm/registry.cpp), removed when the id goes.
+srdma_is_cm_listening() {
+	local port=$1 ns=${2:-} dir nsid f
+	dir=$(srdma_cm_rundir)/cm
+	[[ -d $dir ]] || return 1
+	nsid=$(_srdma_in_ns "$ns" stat -L -c %i /proc/self/ns/net 2>/dev/null) || return 1
+	for f in "$dir/$nsid"-*-"$port"-*; do
+		[[ -f $f ]] || continue
+		grep -Eq '^listen [1-9]' "$f" 2>/dev/null && return 0
+	done
+	return 1
+}
+
+# srdma_is_cm_or_tcp_listening PORT [NS]: a CM listener or a TCP socket (the
+# rsockets tools' -T s mode, perftest's out-of-band exchange).
+srdma_is_cm_or_tcp_listening() {
+	srdma_is_cm_listening "$@" || srdma_is_listening "$@"
+}
+
+# srdma_wait_listen PID PORT NS SECS [CHECK]: wait until PORT listens in NS,
+# while the server PID is still alive. CHECK is the predicate, called as
+# CHECK PORT NS (default srdma_is_listening: a TCP socket). Sets LISTEN_ERR
+# and returns 1 on failure.
 LISTEN_ERR=
 srdma_wait_listen() {
-	local pid=$1 port=$2 ns=$3 secs=$4 deadline
+	local pid=$1 port=$2 ns=$3 secs=$4 check=${5:-srdma_is_listening} deadline
 	deadline=$((SECONDS + secs))
-	while ! srdma_is_listening "$port" "$ns"; do
+	while ! "$check" "$port" "$ns"; do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			wait "$pid"
 			LISTEN_ERR="server exited (rc=$?) before listening on port $port"
@@ -331,9 +392,16 @@ srdma_check_reject() {
 #   --check FUNC          FUNC CLIENT_LOG SERVER_LOG must return 0; its stdout
 #                         is the failure reason
 #   --raw                 do not prefix `softrdma run --` (anchors, self-tests)
+#   --listen-check FUNC   readiness predicate, FUNC PORT NS (default
+#                         $SRDMA_LISTEN_CHECK, itself srdma_is_listening)
+#   --server-daemon       the server never exits by itself (cmtime, rcopy):
+#                         it must still be running (or have exited 0) when the
+#                         client is done, and is then killed with its group
 # Returns 0 on PASS, 1 on FAIL.
+SRDMA_LISTEN_CHECK=${SRDMA_LISTEN_CHECK:-srdma_is_listening}
 run_pair() {
-	local port='' tmo=60 ltmo=20 grace=10 raw=0
+	local port='' tmo=60 ltmo=20 grace=10 raw=0 daemon=0
+	local lcheck=$SRDMA_LISTEN_CHECK
 	local -a expect=() expect_srv=() reject=() checks=()
 	while [[ $# -gt 0 && $1 == --* ]]; do
 		case $1 in
@@ -345,8 +413,14 @@ run_pair() {
 		--expect-server) expect_srv+=("$2") ;;
 		--reject) reject+=("$2") ;;
 		--check) checks+=("$2") ;;
+		--listen-check) lcheck=$2 ;;
 		--raw)
 			raw=1
+			shift
+			continue
+			;;
+		--server-daemon)
+			daemon=1
 			shift
 			continue
 			;;
@@ -377,7 +451,7 @@ run_pair() {
 	# The server's bound covers its own startup, the whole client run and the
 	# grace period, so it can never outlive the case.
 	srdma_spawn spid "$slog" $((ltmo + tmo + grace)) "$sns" "${prefix[@]}" "${scmd[@]}"
-	if ! srdma_wait_listen "$spid" "$port" "$sns" "$ltmo"; then
+	if ! srdma_wait_listen "$spid" "$port" "$sns" "$ltmo" "$lcheck"; then
 		srdma_kill "$spid"
 		srdma_record "$name" fail "$LISTEN_ERR" "$slog"
 		return 1
@@ -388,8 +462,13 @@ run_pair() {
 	crc=$?
 	_srdma_forget_pid "$cpid"
 
-	srdma_wait_bounded "$spid" "$grace"
-	src=$WAIT_RC
+	if ((daemon)) && kill -0 "$spid" 2>/dev/null; then
+		srdma_kill "$spid"
+		src=0
+	else
+		srdma_wait_bounded "$spid" "$grace"
+		src=$WAIT_RC
+	fi
 
 	reason=
 	if ((crc == 124)); then
@@ -527,12 +606,13 @@ srdma_server_start() {
 		prefix=()
 		shift
 	fi
+	# The readiness predicate is $SRDMA_LISTEN_CHECK (see run_pair).
 	local name=$1 cmd_str=$2 port=$3 ns=${4:-} tmo=${5:-600} ltmo=${6:-20}
 	local -a cmd
 	read -r -a cmd <<<"$cmd_str"
 	SERVER_LOG=$T_LOGDIR/$(_srdma_slug "$name").server.log
 	srdma_spawn SERVER_PID "$SERVER_LOG" "$tmo" "$ns" "${prefix[@]}" "${cmd[@]}"
-	if ! srdma_wait_listen "$SERVER_PID" "$port" "$ns" "$ltmo"; then
+	if ! srdma_wait_listen "$SERVER_PID" "$port" "$ns" "$ltmo" "$SRDMA_LISTEN_CHECK"; then
 		srdma_kill "$SERVER_PID"
 		SERVER_PID=
 		return 1
@@ -630,13 +710,40 @@ srdma_netns_teardown() {
 # Cleanup: always kill what we started, then remove the namespaces (a
 # namespace stays alive while a process is in it).
 
+# Commands run by srdma_cleanup after the processes are gone (e.g. removing a
+# private run directory); each is one word, a function or command name.
+SRDMA_CLEANUP_HOOKS=()
+
 srdma_cleanup() {
-	local pid
+	local pid hook
 	for pid in "${SRDMA_PIDS[@]}"; do
 		srdma_kill "$pid"
 	done
 	SRDMA_PIDS=()
 	srdma_netns_teardown
+	for hook in "${SRDMA_CLEANUP_HOOKS[@]}"; do
+		"$hook"
+	done
+	SRDMA_CLEANUP_HOOKS=()
+}
+
+# srdma_private_rundir: give this run its own SOFTRDMA_RUNDIR (slots and CM
+# listener registry) unless the caller set one, so that fixed ports (udaddy's
+# 7174) and other runs on the machine never meet ours. Removed at cleanup.
+SRDMA_PRIVATE_RUNDIR=
+srdma_private_rundir() {
+	[[ -n ${SOFTRDMA_RUNDIR:-} ]] && return 0
+	local base=/dev/shm
+	[[ -d $base && -w $base ]] || base=${TMPDIR:-/tmp}
+	SRDMA_PRIVATE_RUNDIR=$(mktemp -d "$base/softrdma-test-$$-XXXXXX") || return 1
+	chmod 01777 "$SRDMA_PRIVATE_RUNDIR"
+	export SOFTRDMA_RUNDIR=$SRDMA_PRIVATE_RUNDIR
+	SRDMA_CLEANUP_HOOKS+=(_srdma_remove_private_rundir)
+}
+
+_srdma_remove_private_rundir() {
+	[[ -n $SRDMA_PRIVATE_RUNDIR && -d $SRDMA_PRIVATE_RUNDIR ]] && rm -rf -- "$SRDMA_PRIVATE_RUNDIR"
+	SRDMA_PRIVATE_RUNDIR=
 }
 
 _srdma_on_signal() {

@@ -113,6 +113,40 @@ T_BUDGET=0
 out=$(srdma_summary 2>/dev/null)
 expect_that "summary line format" bash -c "[[ '$out' =~ ^[0-9]+\ passed,\ [0-9]+\ failed$ ]]"
 
+# 9b. additions for rdmacm_tools.sh: a never-exiting server (--server-daemon),
+# a custom readiness predicate, expected failures, the private run directory.
+srdma_next_port
+quiet run_pair --raw --server-daemon --port "$PORT" --expect receiver \
+	"daemon-server" "iperf3 -s -p $PORT -B 127.0.0.1" "iperf3 -c 127.0.0.1 -p $PORT -t 1"
+expect_that "--server-daemon: a server still running passes" last_result_is '^PASS daemon-server$'
+expect_that "--server-daemon: the server is killed" bash -c "[[ -z \$(ss -Hltn 'sport = :$PORT') ]]"
+never_ready() { return 1; }
+srdma_next_port
+quiet run_pair --raw --listen-check never_ready --listen-timeout 1 --port "$PORT" \
+	"listen-check" "iperf3 -s -1 -p $PORT -B 127.0.0.1" "true"
+expect_that "--listen-check predicate is used" last_result_is "^FAIL listen-check \(server not listening on port $PORT after 1s\)"
+fails_before=$T_FAIL
+SRDMA_XFAIL='^xf-'
+quiet run_single --raw "xf-fails" "false"
+expect_that "XFAIL: listed failing case reported" last_result_is '^XFAIL xf-fails \(rc=1\)$'
+expect_that "XFAIL: not counted as a failure" test "$T_FAIL" -eq "$fails_before"
+quiet run_single --raw "xf-passes" "true"
+expect_that "XPASS: listed passing case reported" last_result_is '^XPASS xf-passes$'
+out=$(srdma_summary 2>/dev/null)
+expect_that "summary with XFAIL: ', N skipped'" bash -c "[[ '$out' =~ ^[0-9]+\ passed,\ [0-9]+\ failed,\ 1\ skipped$ ]]"
+SRDMA_XFAIL=
+T_XFAIL=0
+T_XPASS=0
+# shellcheck disable=SC2016 # expanded by the child shell
+rundir=$(env -u SOFTRDMA_RUNDIR bash -c '
+	source "$1"
+	srdma_private_rundir || exit 1
+	d=$SOFTRDMA_RUNDIR
+	[[ -d $d && $(stat -c %a "$d") == 1777 ]] || exit 1
+	srdma_cleanup
+	echo "$d"' rundir "$HERE/lib.sh")
+expect_that "private run dir created and then removed" bash -c "[[ -n '$rundir' && ! -e '$rundir' ]]"
+
 # 10. namespaces: setup, a cross-namespace pair, teardown
 if why=$(srdma_netns_available); then
 	if srdma_netns_setup; then

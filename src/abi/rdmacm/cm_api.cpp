@@ -332,25 +332,26 @@ SOFTRDMA_EXPORT void rdma_destroy_ep(rdma_cm_id* id) {
   cm.DestroyId(ToId(id));
 }
 
-// ---- multicast: not yet (issue 3, step 4) ----
-
 SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id* id, sockaddr* addr, void* context) {
-  (void)id;
-  (void)addr;
-  (void)context;
-  return Result(ENOSYS);
+  if (!id) return Result(EINVAL);
+  return Result(Cm::Get().JoinMulticast(ToId(id), addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context));
 }
 
 SOFTRDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* mc_join_attr,
                                            void* context) {
-  (void)id;
-  (void)mc_join_attr;
-  (void)context;
-  return Result(ENOSYS);
+  if (!id || !mc_join_attr) return Result(EINVAL);
+  if (!(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) ||
+      (mc_join_attr->comp_mask &
+       ~(RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS))) {
+    return Result(EINVAL);
+  }
+  uint16_t flags = (mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS)
+                       ? static_cast<uint16_t>(mc_join_attr->join_flags)
+                       : static_cast<uint16_t>(RDMA_MC_JOIN_FLAG_FULLMEMBER);
+  return Result(Cm::Get().JoinMulticast(ToId(id), mc_join_attr->addr, flags, context));
 }
 
 SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id* id, sockaddr* addr) {
-  (void)id;
-  (void)addr;
-  return Result(ENOSYS);
+  if (!id) return Result(EINVAL);
+  return Result(Cm::Get().LeaveMulticast(ToId(id), addr));
 }

@@ -22,7 +22,10 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   ah->pd = &VerbsPd::From(pd)->core;
   ah->av.attr = *attr;
   // A destination nobody answers for still gets a handle: UD sends to it are simply lost.
-  ah->av.channel = hca.Resolve(*attr, 0, /*datagram=*/true);
+  // Multicast destinations are resolved per send, to the group's members (core/multicast.h).
+  if (!(attr->is_global && core::IsMulticastGid(attr->grh.dgid))) {
+    ah->av.channel = hca.Resolve(*attr, 0, /*datagram=*/true);
+  }
   ++VerbsPd::From(pd)->users;
   return &ah->ibv;
 }
@@ -73,14 +76,13 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* g
   return ibv_create_ah(pd, &attr);
 }
 
-// Multicast delivery arrives with the connection manager (a later issue); until then attaching is
-// refused rather than accepted and silently deaf.
+// A UD QP joins a multicast group of the host (core/multicast.h); other QP types cannot.
 SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t /*lid*/) {
-  if (!qp || !gid) return EINVAL;
-  return qp->qp_type == IBV_QPT_UD ? EOPNOTSUPP : EINVAL;
+  if (!qp || !gid || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  return CoreOf(qp->context).hca().mcast().Attach(*gid, qp->qp_num);
 }
 
 SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t /*lid*/) {
-  if (!qp || !gid) return EINVAL;
-  return qp->qp_type == IBV_QPT_UD ? EOPNOTSUPP : EINVAL;
+  if (!qp || !gid || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  return CoreOf(qp->context).hca().mcast().Detach(*gid, qp->qp_num);
 }
