@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -56,6 +57,14 @@ void SetAckTimeout(rdma_cm_id* id) {
 void SetNonBlocking(int fd) {
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+// A non-blocking call that found nothing to do. Programs spin on these (rstream's default mode),
+// often with their peer on the same cores: giving the CPU away here lets the peer make the
+// progress this caller waits for.
+int WouldBlock() {
+  sched_yield();
+  return -EAGAIN;
 }
 
 size_t IovTotal(const iovec* iov, int n) {
@@ -185,7 +194,7 @@ int StreamSocket::Accept(sockaddr* addr, socklen_t* len) {
   for (;;) {
     Progress();
     if (!requests_.empty()) break;
-    if (NonBlocking(0)) return -EAGAIN;
+    if (NonBlocking(0)) return WouldBlock();
     Wait(lk, kWaitSliceMs);
     if (state_ != State::kListening) return -EINVAL;
   }
@@ -357,7 +366,13 @@ void StreamSocket::Fail(int err) {
 // ---- progress ----
 
 void StreamSocket::Progress() {
-  DrainCm();
+  // A connected socket looks at its CM channel (disconnection) at most every millisecond: a
+  // program spinning on a non-blocking call should not pay a system call per turn for it.
+  auto now = std::chrono::steady_clock::now();
+  if (state_ != State::kConnected || now - last_cm_check_ >= std::chrono::milliseconds(1)) {
+    last_cm_check_ = now;
+    DrainCm();
+  }
   DrainCq();
   if (state_ == State::kConnected) {
     FlushCtrl();
@@ -466,7 +481,9 @@ void StreamSocket::DrainCq() {
   if (!cq_) return;
   ibv_cq* ev_cq = nullptr;
   void* ev_ctx = nullptr;
-  while (ibv_get_cq_event(cq_channel_, &ev_cq, &ev_ctx) == 0) {
+  // Completion events exist only after an arm (Wait, rpoll): no read otherwise.
+  while (cq_armed_ && ibv_get_cq_event(cq_channel_, &ev_cq, &ev_ctx) == 0) {
+    cq_armed_ = false;
     if (++unacked_cq_events_ >= 64) {
       ibv_ack_cq_events(cq_, unacked_cq_events_);
       unacked_cq_events_ = 0;
@@ -601,8 +618,12 @@ void StreamSocket::MaybeSendCredit() {
 }
 
 bool StreamSocket::ArmLocked(std::vector<pollfd>* fds) {
-  if (cq_) ibv_req_notify_cq(cq_, 0);
+  if (cq_) {
+    ibv_req_notify_cq(cq_, 0);
+    cq_armed_ = true;
+  }
   uint64_t before = events_seen_;
+  last_cm_check_ = {};  // look at the CM channel now
   Progress();
   if (events_seen_ != before) return false;
   if (cq_channel_) fds->push_back({cq_channel_->fd, POLLIN, 0});
@@ -673,7 +694,7 @@ ssize_t StreamSocket::Send(const iovec* iov, int iovcnt, int flags, const sockad
         state_ != State::kConnecting) {
       return -ENOTCONN;
     }
-    if (NonBlocking(flags)) return -EAGAIN;
+    if (NonBlocking(flags)) return WouldBlock();
     Wait(lk, kWaitSliceMs);
   }
   size_t sent = 0;
@@ -688,7 +709,7 @@ ssize_t StreamSocket::Send(const iovec* iov, int iovcnt, int flags, const sockad
       sent += static_cast<size_t>(n);
     }
     if (sent == total) return static_cast<ssize_t>(sent);
-    if (NonBlocking(flags)) return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+    if (NonBlocking(flags)) return sent ? static_cast<ssize_t>(sent) : WouldBlock();
     Wait(lk, kWaitSliceMs);
     Progress();
   }
@@ -707,7 +728,7 @@ ssize_t StreamSocket::Recv(const iovec* iov, int iovcnt, int flags, sockaddr* fr
         state_ != State::kConnecting) {
       return -ENOTCONN;
     }
-    if (NonBlocking(flags)) return -EAGAIN;
+    if (NonBlocking(flags)) return WouldBlock();
     Wait(lk, kWaitSliceMs);
   }
   if (from && fromlen) {
@@ -737,7 +758,7 @@ ssize_t StreamSocket::Recv(const iovec* iov, int iovcnt, int flags, sockaddr* fr
     }
     if (fin_rx_ || peer_gone_) return static_cast<ssize_t>(got);
     if (err_) return got ? static_cast<ssize_t>(got) : -err_;
-    if (NonBlocking(flags)) return got ? static_cast<ssize_t>(got) : -EAGAIN;
+    if (NonBlocking(flags)) return got ? static_cast<ssize_t>(got) : WouldBlock();
     Wait(lk, kWaitSliceMs);
     Progress();
   }
@@ -881,7 +902,7 @@ ssize_t StreamSocket::IoWrite(const void* buf, size_t count, off_t offset, int f
       at += n;
     }
     if (sent == count || sent == limit) return static_cast<ssize_t>(sent);
-    if (NonBlocking(flags)) return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+    if (NonBlocking(flags)) return sent ? static_cast<ssize_t>(sent) : WouldBlock();
     Wait(lk, kWaitSliceMs);
   }
 }

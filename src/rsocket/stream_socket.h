@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -137,6 +138,8 @@ class StreamSocket : public Socket, public std::enable_shared_from_this<StreamSo
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
   unsigned unacked_cq_events_ = 0;
+  bool cq_armed_ = false;  // a completion event may be pending on cq_channel_
+  std::chrono::steady_clock::time_point last_cm_check_{};
   uint64_t events_seen_ = 0;  // completions and CM events handled; a change means progress
 
   // Receive side.
