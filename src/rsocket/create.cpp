@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <memory>
 
+#include "rsocket/dgram_socket.h"
 #include "rsocket/fd_table.h"
 #include "rsocket/stream_socket.h"
 
@@ -23,6 +24,10 @@ int Create(int domain, int type, int protocol) {
       return r;
     }
     s = std::move(st);
+  } else if (kind == SOCK_DGRAM) {
+    if (protocol != 0 && protocol != IPPROTO_UDP) return -EPROTONOSUPPORT;
+    s = std::make_shared<DgramSocket>(domain);
+    if (s->fd() < 0) return -EMFILE;
   } else {
     return -EPROTONOSUPPORT;
   }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "rsocket/fd_table.h"
+#include "rsocket/util.h"
 
 namespace softrdma::rsocket {
 namespace {
@@ -52,55 +53,6 @@ constexpr uint8_t kAckTimeout = 20;
 void SetAckTimeout(rdma_cm_id* id) {
   uint8_t t = kAckTimeout;
   rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t);
-}
-
-void SetNonBlocking(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-// A non-blocking call that found nothing to do. Programs spin on these (rstream's default mode),
-// often with their peer on the same cores: giving the CPU away here lets the peer make the
-// progress this caller waits for.
-int WouldBlock() {
-  sched_yield();
-  return -EAGAIN;
-}
-
-size_t IovTotal(const iovec* iov, int n) {
-  size_t t = 0;
-  for (int i = 0; i < n; ++i) t += iov[i].iov_len;
-  return t;
-}
-
-// Copies len bytes starting skip bytes into the iovecs to dst.
-void GatherFrom(const iovec* iov, int n, size_t skip, uint8_t* dst, size_t len) {
-  for (int i = 0; i < n && len; ++i) {
-    if (skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      continue;
-    }
-    size_t k = std::min(iov[i].iov_len - skip, len);
-    std::memcpy(dst, static_cast<const uint8_t*>(iov[i].iov_base) + skip, k);
-    dst += k;
-    len -= k;
-    skip = 0;
-  }
-}
-
-// Copies len bytes from src into the iovecs, starting skip bytes in.
-void ScatterTo(const iovec* iov, int n, size_t skip, const uint8_t* src, size_t len) {
-  for (int i = 0; i < n && len; ++i) {
-    if (skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      continue;
-    }
-    size_t k = std::min(iov[i].iov_len - skip, len);
-    std::memcpy(static_cast<uint8_t*>(iov[i].iov_base) + skip, src, k);
-    src += k;
-    len -= k;
-    skip = 0;
-  }
 }
 
 uint8_t* AllocBuffer(size_t len) {

@@ -381,3 +381,58 @@ TEST(RsocketErrors, ConnectWithoutListenerIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(RsocketDgram, ExchangesDatagramsAndReportsTheSender) {
+  int s = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(s, 0) << strerror(errno);
+  sockaddr_in a = Loopback(0);
+  ASSERT_EQ(rbind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(rgetsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_NE(a.sin_port, 0);
+
+  int c = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(c, 0);
+  errno = 0;
+  EXPECT_EQ(rsend(c, "x", 1, 0), -1);  // no destination yet
+  EXPECT_EQ(errno, EDESTADDRREQ);
+  char big[8192] = {};
+  errno = 0;
+  EXPECT_EQ(rsendto(c, big, sizeof big, 0, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, EMSGSIZE);
+  ASSERT_EQ(rconnect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  // Each datagram arrives whole and separately; a short buffer truncates one datagram only.
+  ASSERT_EQ(rsend(c, "first", 5, 0), 5);
+  ASSERT_EQ(rsend(c, "second", 6, 0), 6);
+  pollfd p{s, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1);
+  char buf[64] = {};
+  sockaddr_in from{};
+  socklen_t fl = sizeof from;
+  ASSERT_EQ(rrecvfrom(s, buf, 3, 0, reinterpret_cast<sockaddr*>(&from), &fl), 3);
+  EXPECT_EQ(std::string(buf, 3), "fir");
+  EXPECT_EQ(fl, sizeof from);
+  EXPECT_EQ(from.sin_family, AF_INET);
+  EXPECT_EQ(from.sin_addr.s_addr, htonl(INADDR_LOOPBACK));
+  sockaddr_in cname{};
+  len = sizeof cname;
+  ASSERT_EQ(rgetsockname(c, reinterpret_cast<sockaddr*>(&cname), &len), 0);
+  EXPECT_EQ(from.sin_port, cname.sin_port);
+  ASSERT_EQ(rrecvfrom(s, buf, sizeof buf, 0, nullptr, nullptr), 6);
+  EXPECT_EQ(std::string(buf, 6), "second");
+  errno = 0;
+  EXPECT_EQ(rrecv(s, buf, sizeof buf, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  // The reply goes back to the reported sender.
+  ASSERT_EQ(rsendto(s, "reply", 5, 0, reinterpret_cast<sockaddr*>(&from), fl), 5);
+  pollfd q{c, POLLIN, 0};
+  ASSERT_EQ(rpoll(&q, 1, 5000), 1);
+  ASSERT_EQ(rrecv(c, buf, sizeof buf, 0), 5);
+  EXPECT_EQ(std::string(buf, 5), "reply");
+  EXPECT_EQ(rclose(c), 0);
+  EXPECT_EQ(rclose(s), 0);
+}
+
+}  // namespace
