@@ -1,5 +1,7 @@
 #include "rsocket/poll.h"
 
+#include <sched.h>
+
 #include <cerrno>
 #include <chrono>
 #include <memory>
@@ -41,7 +43,12 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
       if (fds[i].revents) ++ready;
     }
     if (ready) return ready;
-    if (!forever && Clock::now() >= deadline) return 0;
+    if (!forever && Clock::now() >= deadline) {
+      // rpoll(..., 0) in a loop is how programs spin (rstream -T a): yield as a poll(2) system
+      // call would, so a peer sharing the cores gets to make the progress this caller waits for.
+      if (timeout_ms == 0) sched_yield();
+      return 0;
+    }
     // Nothing yet: arm every rsocket and sleep on all underlying fds together.
     wait.clear();
     bool news = false;
