@@ -45,10 +45,10 @@ uint64_t ValueOf(uint64_t wr_id) {
   return wr_id & ((1ull << 56) - 1);
 }
 
-// The local ACK timeout exponent (4.096 us << 20 = 4.3 s). Over our links frames are never lost,
-// so a retransmission only ever means a peer that did not get the CPU: with the default timeout a
-// loaded machine (two busy-polling peers on two cores) exhausted the retries and broke the stream.
-constexpr uint8_t kAckTimeout = 20;
+// The local ACK timeout exponent: 4.096 us << 17 = 537 ms, so the 7 retries tolerate ~3.7 s of a
+// peer that does not get the CPU (the CM default, 67 ms, gives up after 0.5 s on a loaded
+// machine), while a frame that does need retransmitting stalls the stream for half a second only.
+constexpr uint8_t kAckTimeout = 17;
 
 void SetAckTimeout(rdma_cm_id* id) {
   uint8_t t = kAckTimeout;
