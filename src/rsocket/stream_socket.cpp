@@ -870,7 +870,9 @@ short StreamSocket::ReadinessLocked(short events) {
     case State::kConnected: {
       if (rx_total_ != consumed_ || fin_rx_ || peer_gone_ || shut_rd_ || err_) r |= POLLIN;
       if (CanSendData() || err_ || peer_gone_) r |= POLLOUT;
-      if (peer_gone_ || (fin_rx_ && shut_wr_)) r |= POLLHUP;
+      // As TCP: the peer's close makes the socket readable (data, then EOF); POLLHUP only once
+      // both directions are down, so a poller still reads what the peer sent last.
+      if ((fin_rx_ || peer_gone_) && shut_wr_) r |= POLLHUP;
       if (err_) r |= POLLERR;
       break;
     }
