@@ -36,14 +36,19 @@ set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# Cases known to fail with the library as it is, each with its reason; drop
-# entries once they pass reliably:
-#   rsockets (rstream, riostream, rcopy, udpong): rsocket calls fail ENOSYS.
-# (udaddy and ib_send_bw -R -c UD were here: datagrams stranded in a link's
-# receive buffer and replies queued at exit were lost under load; fixed in
-# src/link/endpoint.cpp and Qp::Shutdown, tests in hostile_peer_test and
-# ud_test.)
-RDMACM_XFAIL_DEFAULT='^((rstream|riostream|rcopy|udpong)( |$))'
+# Cases known to fail with the library as it is, or intermittently, each with
+# its reason; drop entries once they pass reliably.
+#   udpong with its defaults (full mode only): udpong resends a request whose
+#     reply is later than 1 ms, and a late reply read back into its message
+#     buffer makes it resend a stale sequence number forever. After its 100k-
+#     datagram bandwidth steps the server's backlog makes replies late whenever
+#     the machine is busy; kernel sockets (-T s) hang the same way under load.
+#     It passes on a quiet machine (about 10 s); the quick run's short udpong
+#     case counts.
+# (rsockets were here until they landed; udaddy and ib_send_bw -R -c UD until
+# the link stopped stranding buffered frames, see hostile_peer_test
+# ABurstReadInOnePieceIsHandledWhole.)
+RDMACM_XFAIL_DEFAULT='^udpong$'
 SRDMA_XFAIL=${SOFTRDMA_TEST_XFAIL-$RDMACM_XFAIL_DEFAULT}
 
 NETNS=0
@@ -446,13 +451,20 @@ rs_case() {
 	local args="$*" name
 	name="$label$tool${args:+ $args}"
 	want "$name" || return 0
-	[[ $tool == udpong ]] && opts+=(--server-daemon)
+	# udpong's server binds what getaddrinfo(NULL) gives without AI_PASSIVE, ::1,
+	# which a client of 127.0.0.1 cannot reach (with kernel sockets neither): it
+	# is told the address, as its usage says (-b).
+	local bind=
+	if [[ $tool == udpong ]]; then
+		opts+=(--server-daemon)
+		bind="-b $HOST "
+	fi
 	srdma_next_port "$SNS"
 	run_pair "${opts[@]}" --port "$PORT" --timeout "$(tmo_for "$name")" \
 		--reject "$REJECT_COMMON|verification failed" \
 		--check rs_check \
 		"$name" \
-		"$tool -p $PORT $args" \
+		"$tool $bind-p $PORT $args" \
 		"$tool -s $HOST -p $PORT $args" \
 		"$SNS" "$CNS"
 }
@@ -460,17 +472,21 @@ rs_case() {
 RCOPY_SRC=
 RCOPY_DST=
 rcopy_check() {
-	cmp -s "$RCOPY_SRC" "$RCOPY_DST" && return 0
+	if cmp -s "$RCOPY_SRC" "$RCOPY_DST"; then
+		rm -f "$RCOPY_SRC" "$RCOPY_DST" # up to 100 MB each: keep the logs small
+		return 0
+	fi
 	echo "copy differs from the source (or is missing)"
 	return 1
 }
 
-rcopy_case() {
-	local name="rcopy 1 MiB file"
+rcopy_case() {  # MiB
+	local mib=$1
+	local name="rcopy $mib MiB file"
 	want "$name" || return 0
 	RCOPY_SRC=$T_LOGDIR/rcopy.src
 	RCOPY_DST=$T_LOGDIR/rcopy.dst
-	head -c 1048576 /dev/urandom >"$RCOPY_SRC"
+	head -c $((mib * 1048576)) /dev/urandom >"$RCOPY_SRC"
 	rm -f "$RCOPY_DST"
 	srdma_next_port "$SNS"
 	run_pair --server-daemon --port "$PORT" --timeout "$(tmo_for "$name")" \
@@ -489,8 +505,20 @@ rsocket_cases() {
 	rs_case rstream -S 65536 -C 1000 -T n
 	rs_case riostream -S 4096 -C 1000
 	rs_case riostream -S 65536 -C 100 -T v
-	rcopy_case
-	rs_case udpong -S 1024 -C 100
+	if ((QUICK)); then
+		rcopy_case 1
+		rs_case udpong -S 1024 -C 100
+		return
+	fi
+	# The acceptance set: every rstream mode (f = kernel sockets after a fork,
+	# as upstream), all sizes, riostream's defaults, a 100 MB copy, udpong.
+	local t
+	for t in a b n r f; do rs_case rstream -S 65536 -C 1000 -T "$t"; done
+	rs_case rstream -S all
+	rs_case rstream -S all -T v
+	rs_case riostream
+	rcopy_case 100
+	rs_case udpong
 }
 
 # ---------------------------------------------------------------------------
