@@ -201,8 +201,8 @@ int DgramSocket::SetupVerbs() {
   if (r == MAP_FAILED || s == MAP_FAILED) return -ENOMEM;
   rbuf_ = static_cast<uint8_t*>(r);
   sbuf_ = static_cast<uint8_t*>(s);
-  rmr_ = ibv_reg_mr(pd_, rbuf_, rlen, IBV_ACCESS_LOCAL_WRITE);
-  smr_ = ibv_reg_mr(pd_, sbuf_, slen, IBV_ACCESS_LOCAL_WRITE);
+  rmr_ = ibv_reg_mr(pd_, rbuf_, rlen, int{IBV_ACCESS_LOCAL_WRITE});
+  smr_ = ibv_reg_mr(pd_, sbuf_, slen, int{IBV_ACCESS_LOCAL_WRITE});
   if (!rmr_ || !smr_) return -errno;
   ibv_qp_init_attr attr{};
   attr.send_cq = cq_;

@@ -260,7 +260,7 @@ int StreamSocket::SetupVerbs() {
   sbuf_size_ = opts_.sndbuf;
   sbuf_ = AllocBuffer(sbuf_size_);
   if (!sbuf_) return -ENOMEM;
-  smr_ = ibv_reg_mr(pd_, sbuf_, sbuf_size_, IBV_ACCESS_LOCAL_WRITE);
+  smr_ = ibv_reg_mr(pd_, sbuf_, sbuf_size_, int{IBV_ACCESS_LOCAL_WRITE});
   if (!smr_) return -errno;
   ibv_qp_init_attr attr{};
   attr.send_cq = cq_;
