@@ -55,10 +55,12 @@ ibv_pd* Cm::DefaultPd() {
 namespace {
 
 // A completion channel and CQ for one direction, owned by the id (rdma_destroy_qp frees them).
-int MakeCq(ibv_context* ctx, int depth, ibv_comp_channel** ch, ibv_cq** cq) {
+// The CQ's context is the id: rdma_get_send_comp/rdma_get_recv_comp (rdma_verbs.h) assert it.
+int MakeCq(rdma_cm_id* id, int depth, ibv_comp_channel** ch, ibv_cq** cq) {
+  ibv_context* ctx = id->verbs;
   *ch = ibv_create_comp_channel(ctx);
   if (!*ch) return errno ? errno : ENOMEM;
-  *cq = ibv_create_cq(ctx, depth > 0 ? depth : 1, nullptr, *ch, 0);
+  *cq = ibv_create_cq(ctx, depth > 0 ? depth : 1, id, *ch, 0);
   if (!*cq) {
     int e = errno ? errno : ENOMEM;
     ibv_destroy_comp_channel(*ch);
@@ -109,14 +111,14 @@ int Cm::CreateQp(CmId* id, ibv_qp_init_attr_ex* attr) {
   }
   bool made_send = false, made_recv = false;
   if (!attr->send_cq && !pub.send_cq) {
-    if (int e = MakeCq(pub.verbs, static_cast<int>(attr->cap.max_send_wr), &pub.send_cq_channel,
+    if (int e = MakeCq(&pub, static_cast<int>(attr->cap.max_send_wr), &pub.send_cq_channel,
                        &pub.send_cq)) {
       return e;
     }
     made_send = true;
   }
   if (!attr->recv_cq && !pub.recv_cq) {
-    if (int e = MakeCq(pub.verbs, static_cast<int>(attr->cap.max_recv_wr), &pub.recv_cq_channel,
+    if (int e = MakeCq(&pub, static_cast<int>(attr->cap.max_recv_wr), &pub.recv_cq_channel,
                        &pub.recv_cq)) {
       if (made_send) FreeCqs(&pub);
       return e;

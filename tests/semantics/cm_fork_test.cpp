@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/cm_harness.h"
+
 #include <cstring>
 
 namespace {
@@ -56,9 +58,16 @@ TEST(CmFork, ChildOfARunningCmConnectsToItsParentsListener) {
   ASSERT_NE(ch, nullptr);
   rdma_cm_id* listen_id = nullptr;
   ASSERT_EQ(rdma_create_id(ch, &listen_id, nullptr, RDMA_PS_TCP), 0);
-  uint16_t port = static_cast<uint16_t>(21000 + getpid() % 5000);
-  sockaddr_in any = Loopback(port);
-  ASSERT_EQ(rdma_bind_addr(listen_id, reinterpret_cast<sockaddr*>(&any)), 0) << strerror(errno);
+  // Ports are shared with every test process running at the same time: take a free one.
+  uint16_t port = 0;
+  int bound = -1;
+  for (int tries = 0; tries < 50 && bound != 0; ++tries) {
+    port = cmtest::NextPort();
+    sockaddr_in any = Loopback(port);
+    bound = rdma_bind_addr(listen_id, reinterpret_cast<sockaddr*>(&any));
+    ASSERT_TRUE(bound == 0 || errno == EADDRINUSE) << strerror(errno);
+  }
+  ASSERT_EQ(bound, 0) << "no free port";
   ASSERT_EQ(rdma_listen(listen_id, 4), 0);
 
   pid_t child = fork();

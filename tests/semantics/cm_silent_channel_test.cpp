@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/cm_harness.h"
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -46,12 +48,19 @@ TEST(CmSilentChannel, IsClosedWhenItSendsNoHello) {
   ASSERT_NE(ch, nullptr);
   rdma_cm_id* id = nullptr;
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
-  uint16_t port = static_cast<uint16_t>(26000 + getpid() % 5000);
+  // Ports are shared with every test process running at the same time: take a free one.
+  uint16_t port = 0;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+  int bound = -1;
+  for (int tries = 0; tries < 50 && bound != 0; ++tries) {
+    port = cmtest::NextPort();
+    a.sin_port = htons(port);
+    bound = rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a));
+    ASSERT_TRUE(bound == 0 || errno == EADDRINUSE) << strerror(errno);
+  }
+  ASSERT_EQ(bound, 0) << "no free port";
   ASSERT_EQ(rdma_listen(id, 1), 0);
   int service = ServicePortOf(port);
   ASSERT_GT(service, 0);

@@ -172,7 +172,11 @@ SOFTRDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
 }
 
 SOFTRDMA_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
-  switch (event) {
+  // Any int may come in; its bytes are read as an int, since loading an enum object that holds
+  // a value outside the enumeration is undefined (UBSan stops on it).
+  int value;
+  std::memcpy(&value, &event, sizeof value);
+  switch (value) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
       return "RDMA_CM_EVENT_ADDR_RESOLVED";
     case RDMA_CM_EVENT_ADDR_ERROR:
