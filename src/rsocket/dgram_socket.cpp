@@ -186,14 +186,10 @@ int DgramSocket::SetupVerbs() {
   ctx_ = devices_[0];
   pd_ = ibv_alloc_pd(ctx_);
   if (!pd_) return -ENOMEM;
-  cq_channel_ = ibv_create_comp_channel(ctx_);
-  if (!cq_channel_) return -errno;
-  SetNonBlocking(cq_channel_->fd);
   sq_depth_ = opts_.sq_size;
   rq_depth_ = opts_.rq_size;
   slot_size_ = kGrh + kMtu;
-  cq_ = ibv_create_cq(ctx_, static_cast<int>(sq_depth_ + rq_depth_ + 8), this, cq_channel_, 0);
-  if (!cq_) return -errno;
+  if (int r = cq_.Create(ctx_, static_cast<int>(sq_depth_ + rq_depth_ + 8), this)) return r;
   size_t rlen = static_cast<size_t>(rq_depth_) * slot_size_;
   size_t slen = static_cast<size_t>(sq_depth_) * slot_size_;
   void* r = mmap(nullptr, rlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -205,8 +201,8 @@ int DgramSocket::SetupVerbs() {
   smr_ = ibv_reg_mr(pd_, sbuf_, slen, int{IBV_ACCESS_LOCAL_WRITE});
   if (!rmr_ || !smr_) return -errno;
   ibv_qp_init_attr attr{};
-  attr.send_cq = cq_;
-  attr.recv_cq = cq_;
+  attr.send_cq = cq_.cq();
+  attr.recv_cq = cq_.cq();
   attr.qp_type = IBV_QPT_UD;
   attr.sq_sig_all = 1;
   attr.cap.max_send_wr = sq_depth_;
@@ -356,67 +352,47 @@ void DgramSocket::Progress() {
 }
 
 void DgramSocket::DrainCq() {
-  if (!cq_) return;
-  ibv_cq* ev_cq = nullptr;
-  void* ev_ctx = nullptr;
-  while (cq_armed_ && ibv_get_cq_event(cq_channel_, &ev_cq, &ev_ctx) == 0) {
-    cq_armed_ = false;
-    if (++unacked_cq_events_ >= 64) {
-      ibv_ack_cq_events(cq_, unacked_cq_events_);
-      unacked_cq_events_ = 0;
-    }
+  events_seen_ += static_cast<uint64_t>(cq_.Drain([this](const ibv_wc& w) { OnCompletion(w); }));
+}
+
+void DgramSocket::OnCompletion(const ibv_wc& w) {
+  if ((w.wr_id >> 56) == kWrSend) {
+    ++sq_tail_;
+    return;
   }
-  ibv_wc wc[32];
-  for (;;) {
-    int n = ibv_poll_cq(cq_, 32, wc);
-    if (n <= 0) break;
-    events_seen_ += static_cast<uint64_t>(n);
-    for (int i = 0; i < n; ++i) {
-      const ibv_wc& w = wc[i];
-      if ((w.wr_id >> 56) == kWrSend) {
-        ++sq_tail_;
-        continue;
-      }
-      uint32_t slot = static_cast<uint32_t>(w.wr_id & 0xffffffff);
-      uint8_t* p = rbuf_ + static_cast<size_t>(slot) * slot_size_;
-      Header h;
-      if (w.status != IBV_WC_SUCCESS || w.byte_len < kGrh + sizeof h) {
-        if (w.status == IBV_WC_SUCCESS) PostRecv(slot);
-        continue;
-      }
-      std::memcpy(&h, p + kGrh, sizeof h);
-      if (h.magic != kMagic) {
-        PostRecv(slot);
-        continue;
-      }
-      Arrival a{slot, w.byte_len - kGrh - static_cast<uint32_t>(sizeof h), FromHeader(h)};
-      // Learn the way back to the sender from the datagram itself.
-      std::string key = AddrKey(reinterpret_cast<sockaddr*>(&a.from));
-      if (!dests_.count(key) && (w.wc_flags & IBV_WC_GRH)) {
-        Dest d;
-        d.ah =
-            ibv_create_ah_from_wc(pd_, const_cast<ibv_wc*>(&w), reinterpret_cast<ibv_grh*>(p), 1);
-        d.qpn = w.src_qp;
-        d.qkey = RDMA_UDP_QKEY;
-        sockaddr* mine = rdma_get_local_addr(id_);
-        std::memcpy(&d.local, mine, AddrLen(mine));
-        if (d.ah) dests_.emplace(key, d);
-      }
-      arrivals_.push_back(a);
-    }
-    if (n < 32) break;
+  uint32_t slot = static_cast<uint32_t>(w.wr_id & 0xffffffff);
+  uint8_t* p = rbuf_ + static_cast<size_t>(slot) * slot_size_;
+  Header h;
+  if (w.status != IBV_WC_SUCCESS || w.byte_len < kGrh + sizeof h) {
+    if (w.status == IBV_WC_SUCCESS) PostRecv(slot);
+    return;
   }
+  std::memcpy(&h, p + kGrh, sizeof h);
+  if (h.magic != kMagic) {
+    PostRecv(slot);
+    return;
+  }
+  Arrival a{slot, w.byte_len - kGrh - static_cast<uint32_t>(sizeof h), FromHeader(h)};
+  // Learn the way back to the sender from the datagram itself.
+  std::string key = AddrKey(reinterpret_cast<sockaddr*>(&a.from));
+  if (!dests_.count(key) && (w.wc_flags & IBV_WC_GRH)) {
+    Dest d;
+    d.ah = ibv_create_ah_from_wc(pd_, const_cast<ibv_wc*>(&w), reinterpret_cast<ibv_grh*>(p), 1);
+    d.qpn = w.src_qp;
+    d.qkey = RDMA_UDP_QKEY;
+    sockaddr* mine = rdma_get_local_addr(id_);
+    std::memcpy(&d.local, mine, AddrLen(mine));
+    if (d.ah) dests_.emplace(key, d);
+  }
+  arrivals_.push_back(a);
 }
 
 bool DgramSocket::ArmLocked(std::vector<pollfd>* fds) {
-  if (cq_) {
-    ibv_req_notify_cq(cq_, 0);
-    cq_armed_ = true;
-  }
+  cq_.Arm();
   uint64_t before = events_seen_;
   Progress();
   if (events_seen_ != before) return false;
-  if (cq_channel_) fds->push_back({cq_channel_->fd, POLLIN, 0});
+  cq_.AddPollFd(fds);
   return true;
 }
 
@@ -536,13 +512,7 @@ void DgramSocket::Close() {
   dests_.clear();
   if (qp_) ibv_destroy_qp(qp_);
   qp_ = nullptr;
-  if (cq_) {
-    if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
-    ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-  }
-  if (cq_channel_) ibv_destroy_comp_channel(cq_channel_);
-  cq_channel_ = nullptr;
+  cq_.Destroy();
   if (rmr_) ibv_dereg_mr(rmr_);
   if (smr_) ibv_dereg_mr(smr_);
   rmr_ = smr_ = nullptr;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "rsocket/armed_cq.h"
 #include "rsocket/socket.h"
 
 namespace softrdma::rsocket {
@@ -59,6 +60,7 @@ class DgramSocket : public Socket {
   Dest* FindDest(const sockaddr* dst, int* err);
   void Progress();
   void DrainCq();
+  void OnCompletion(const ibv_wc& w);
   bool ArmLocked(std::vector<pollfd>* fds);
   void Wait(std::unique_lock<std::mutex>& lk, int timeout_ms);
 
@@ -68,11 +70,8 @@ class DgramSocket : public Socket {
   ibv_context** devices_ = nullptr;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
-  ibv_comp_channel* cq_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
+  ArmedCq cq_;
   ibv_qp* qp_ = nullptr;
-  bool cq_armed_ = false;
-  unsigned unacked_cq_events_ = 0;
   uint64_t events_seen_ = 0;
 
   uint8_t* rbuf_ = nullptr;  // rq_depth_ slots of slot_size_

@@ -185,21 +185,8 @@ int StreamSocket::AdoptRequest(const Request& req) {
     rdma_reject(id_, nullptr, 0);
     return r;
   }
-  ConnInfo mine{kMagic,
-                kVersion,
-                reinterpret_cast<uint64_t>(rbuf_),
-                reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_),
-                rmr_->rkey,
-                rbuf_size_,
-                nslots_,
-                rq_depth_};
-  rdma_conn_param p{};
-  p.private_data = &mine;
-  p.private_data_len = sizeof mine;
-  p.responder_resources = 1;
-  p.initiator_depth = 1;
-  p.retry_count = 7;
-  p.rnr_retry_count = 7;
+  ConnInfo mine = MyConnInfo();
+  rdma_conn_param p = ConnParam(&mine);
   SetAckTimeout(id_);
   if (rdma_accept(id_, &p)) return -errno;
   state_ = State::kConnected;
@@ -238,18 +225,38 @@ int StreamSocket::Connect(const sockaddr* addr, socklen_t len) {
   }
 }
 
+// What each side tells the other in the CM private data: where its receive ring is.
+ConnInfo StreamSocket::MyConnInfo() const {
+  return ConnInfo{kMagic,
+                  kVersion,
+                  reinterpret_cast<uint64_t>(rbuf_),
+                  reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_),
+                  rmr_->rkey,
+                  rbuf_size_,
+                  nslots_,
+                  rq_depth_};
+}
+
+// The same connection parameters on both sides; `mine` must outlive the connect/accept call.
+rdma_conn_param StreamSocket::ConnParam(const ConnInfo* mine) {
+  rdma_conn_param p{};
+  p.private_data = mine;
+  p.private_data_len = sizeof *mine;
+  p.responder_resources = 1;
+  p.initiator_depth = 1;
+  p.retry_count = 7;
+  p.rnr_retry_count = 7;
+  return p;
+}
+
 int StreamSocket::SetupVerbs() {
   ibv_context* ctx = id_->verbs;
   if (!ctx) return -ENODEV;
   pd_ = ibv_alloc_pd(ctx);
   if (!pd_) return -ENOMEM;
-  cq_channel_ = ibv_create_comp_channel(ctx);
-  if (!cq_channel_) return -errno;
-  SetNonBlocking(cq_channel_->fd);
   sq_depth_ = opts_.sq_size;
   rq_depth_ = opts_.rq_size;
-  cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + rq_depth_ + 8), this, cq_channel_, 0);
-  if (!cq_) return -errno;
+  if (int r = cq_.Create(ctx, static_cast<int>(sq_depth_ + rq_depth_ + 8), this)) return r;
   rbuf_size_ = opts_.rcvbuf;
   nslots_ = rq_depth_;
   size_t rlen = rbuf_size_ + static_cast<size_t>(nslots_) * sizeof(CtrlMsg);
@@ -263,8 +270,8 @@ int StreamSocket::SetupVerbs() {
   smr_ = ibv_reg_mr(pd_, sbuf_, sbuf_size_, int{IBV_ACCESS_LOCAL_WRITE});
   if (!smr_) return -errno;
   ibv_qp_init_attr attr{};
-  attr.send_cq = cq_;
-  attr.recv_cq = cq_;
+  attr.send_cq = cq_.cq();
+  attr.recv_cq = cq_.cq();
   attr.qp_type = IBV_QPT_RC;
   attr.sq_sig_all = 1;
   attr.cap.max_send_wr = sq_depth_;
@@ -287,14 +294,7 @@ int StreamSocket::SetupVerbs() {
 void StreamSocket::TeardownVerbs() {
   if (qp_) rdma_destroy_qp(id_);
   qp_ = nullptr;
-  if (cq_) {
-    if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
-    unacked_cq_events_ = 0;
-    ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-  }
-  if (cq_channel_) ibv_destroy_comp_channel(cq_channel_);
-  cq_channel_ = nullptr;
+  cq_.Destroy();
   for (IoMapping& m : local_maps_) ibv_dereg_mr(m.mr);
   local_maps_.clear();
   if (rmr_) ibv_dereg_mr(rmr_);
@@ -371,21 +371,8 @@ void StreamSocket::HandleCmEvent(rdma_cm_event* e) {
         Fail(-r);
         return;
       }
-      ConnInfo mine{kMagic,
-                    kVersion,
-                    reinterpret_cast<uint64_t>(rbuf_),
-                    reinterpret_cast<uint64_t>(rbuf_ + rbuf_size_),
-                    rmr_->rkey,
-                    rbuf_size_,
-                    nslots_,
-                    rq_depth_};
-      rdma_conn_param p{};
-      p.private_data = &mine;
-      p.private_data_len = sizeof mine;
-      p.responder_resources = 1;
-      p.initiator_depth = 1;
-      p.retry_count = 7;
-      p.rnr_retry_count = 7;
+      ConnInfo mine = MyConnInfo();
+      rdma_conn_param p = ConnParam(&mine);
       SetAckTimeout(id_);
       if (rdma_connect(id_, &p)) {
         Fail(errno ? errno : ECONNREFUSED);
@@ -430,25 +417,8 @@ void StreamSocket::HandleCmEvent(rdma_cm_event* e) {
 }
 
 void StreamSocket::DrainCq() {
-  if (!cq_) return;
-  ibv_cq* ev_cq = nullptr;
-  void* ev_ctx = nullptr;
-  // Completion events exist only after an arm (Wait, rpoll): no read otherwise.
-  while (cq_armed_ && ibv_get_cq_event(cq_channel_, &ev_cq, &ev_ctx) == 0) {
-    cq_armed_ = false;
-    if (++unacked_cq_events_ >= 64) {
-      ibv_ack_cq_events(cq_, unacked_cq_events_);
-      unacked_cq_events_ = 0;
-    }
-  }
-  ibv_wc wc[32];
-  for (;;) {
-    int n = ibv_poll_cq(cq_, 32, wc);
-    if (n <= 0) break;
-    events_seen_ += static_cast<uint64_t>(n);
-    for (int i = 0; i < n; ++i) HandleCompletion(wc[i]);
-    if (n < 32) break;
-  }
+  events_seen_ +=
+      static_cast<uint64_t>(cq_.Drain([this](const ibv_wc& wc) { HandleCompletion(wc); }));
 }
 
 void StreamSocket::HandleCompletion(const ibv_wc& wc) {
@@ -570,15 +540,12 @@ void StreamSocket::MaybeSendCredit() {
 }
 
 bool StreamSocket::ArmLocked(std::vector<pollfd>* fds) {
-  if (cq_) {
-    ibv_req_notify_cq(cq_, 0);
-    cq_armed_ = true;
-  }
+  cq_.Arm();
   uint64_t before = events_seen_;
   last_cm_check_ = {};  // look at the CM channel now
   Progress();
   if (events_seen_ != before) return false;
-  if (cq_channel_) fds->push_back({cq_channel_->fd, POLLIN, 0});
+  cq_.AddPollFd(fds);
   if (channel_) fds->push_back({channel_->fd, POLLIN, 0});
   return true;
 }

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "rsocket/armed_cq.h"
 #include "rsocket/socket.h"
 
 namespace softrdma::rsocket {
@@ -128,17 +129,16 @@ class StreamSocket : public Socket, public std::enable_shared_from_this<StreamSo
                     uint64_t raddr, uint32_t rkey);
   bool CanSendData() const;
   int ConnError() const;
+  ConnInfo MyConnInfo() const;
+  static rdma_conn_param ConnParam(const ConnInfo* mine);
   void WaitSendsDone(std::unique_lock<std::mutex>& lk, int timeout_ms);
 
   State state_ = State::kIdle;
   rdma_event_channel* channel_ = nullptr;
   rdma_cm_id* id_ = nullptr;
   ibv_pd* pd_ = nullptr;
-  ibv_comp_channel* cq_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
+  ArmedCq cq_;
   ibv_qp* qp_ = nullptr;
-  unsigned unacked_cq_events_ = 0;
-  bool cq_armed_ = false;  // a completion event may be pending on cq_channel_
   std::chrono::steady_clock::time_point last_cm_check_{};
   uint64_t events_seen_ = 0;  // completions and CM events handled; a change means progress
 
