@@ -198,6 +198,8 @@ class Cm {
   int CompleteSync(CmId* id, std::unique_lock<std::mutex>* lk);
   void AttachDevice(CmId* id);
   void FillRoute(CmId* id);
+  ConnEnd LocalEnd(CmId* id, const rdma_conn_param* param, uint32_t ece_vendor_id);
+  void LearnPeer(CmId* id, uint32_t peer_comm_id, const ConnEnd& e);
   void OnMessage(Peer* p, const Message& m);
   void OnReq(Peer* p, const Message& m);
   void OnRep(CmId* id, const Message& m);

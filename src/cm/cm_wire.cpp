@@ -42,6 +42,41 @@ bool GetAddr(const WireAddr& w, Addr* a) {
   return true;
 }
 
+void PutConnEnd(WireConnEnd* w, const ConnEnd& e) {
+  Store32(w->qpn, e.qpn);
+  Store32(w->psn, e.psn);
+  std::memcpy(w->gid, e.gid, 16);
+  Store16(w->lid, e.lid);
+  w->responder_resources = e.responder_resources;
+  w->initiator_depth = e.initiator_depth;
+  w->flow_control = e.flow_control;
+  w->rnr_retry_count = e.rnr_retry_count;
+  w->flags = e.flags;
+  w->private_data_len = static_cast<uint8_t>(e.private_data.size());
+  Store32(w->ece_vendor_id, e.ece_vendor_id);
+  Store32(w->ece_options, e.ece_options);
+  Store32(w->qkey, e.qkey);
+}
+
+// All but the private data, which follows the message's fixed body.
+bool GetConnEnd(const WireConnEnd& w, ConnEnd* e) {
+  e->qpn = Load32(w.qpn);
+  e->psn = Load32(w.psn);
+  if (e->qpn > 0xffffff || e->psn > 0xffffff) return false;
+  std::memcpy(e->gid, w.gid, 16);
+  e->lid = Load16(w.lid);
+  e->responder_resources = w.responder_resources;
+  e->initiator_depth = w.initiator_depth;
+  e->flow_control = w.flow_control;
+  e->rnr_retry_count = w.rnr_retry_count;
+  if (e->rnr_retry_count > 7) return false;
+  e->flags = w.flags;
+  e->ece_vendor_id = Load32(w.ece_vendor_id);
+  e->ece_options = Load32(w.ece_options);
+  e->qkey = Load32(w.qkey);
+  return true;
+}
+
 }  // namespace
 
 std::vector<uint8_t> EncodeHello() {
@@ -56,44 +91,20 @@ std::vector<uint8_t> EncodeReq(uint32_t sender, const Req& r) {
   auto* b = reinterpret_cast<ReqBody*>(out.data() + sizeof(MsgHeader));
   Store16(b->port_space, r.port_space);
   b->qp_type = r.qp_type;
-  b->flags = r.flags;
+  b->retry_count = r.retry_count;
   PutAddr(&b->src, r.src);
   PutAddr(&b->dst, r.dst);
-  Store32(b->qpn, r.qpn);
-  Store32(b->psn, r.psn);
-  std::memcpy(b->gid, r.gid, 16);
-  Store16(b->lid, r.lid);
-  b->responder_resources = r.responder_resources;
-  b->initiator_depth = r.initiator_depth;
-  b->flow_control = r.flow_control;
-  b->retry_count = r.retry_count;
-  b->rnr_retry_count = r.rnr_retry_count;
-  b->private_data_len = static_cast<uint8_t>(r.private_data.size());
-  Store32(b->ece_vendor_id, r.ece_vendor_id);
-  Store32(b->ece_options, r.ece_options);
-  Store32(b->qkey, r.qkey);
-  Finish(&out, r.private_data);
+  PutConnEnd(&b->end, r.end);
+  Finish(&out, r.end.private_data);
   return out;
 }
 
 std::vector<uint8_t> EncodeRep(uint32_t sender, uint32_t receiver, const Rep& r) {
   auto out = Start(MsgType::kRep, sender, receiver, sizeof(RepBody));
   auto* b = reinterpret_cast<RepBody*>(out.data() + sizeof(MsgHeader));
-  Store32(b->qpn, r.qpn);
-  Store32(b->psn, r.psn);
-  std::memcpy(b->gid, r.gid, 16);
-  Store16(b->lid, r.lid);
-  b->responder_resources = r.responder_resources;
-  b->initiator_depth = r.initiator_depth;
-  b->flow_control = r.flow_control;
-  b->rnr_retry_count = r.rnr_retry_count;
-  b->flags = r.flags;
-  b->private_data_len = static_cast<uint8_t>(r.private_data.size());
-  Store32(b->ece_vendor_id, r.ece_vendor_id);
-  Store32(b->ece_options, r.ece_options);
-  Store32(b->qkey, r.qkey);
+  PutConnEnd(&b->end, r.end);
   Store32(b->status, r.status);
-  Finish(&out, r.private_data);
+  Finish(&out, r.end.private_data);
   return out;
 }
 
@@ -151,45 +162,23 @@ std::optional<Message> Decode(const uint8_t* p, size_t n) {
       Req& r = m.req;
       r.port_space = Load16(b->port_space);
       r.qp_type = b->qp_type;
-      r.flags = b->flags;
-      if (!GetAddr(b->src, &r.src) || !GetAddr(b->dst, &r.dst)) return std::nullopt;
-      r.qpn = Load32(b->qpn);
-      r.psn = Load32(b->psn);
-      if (r.qpn > 0xffffff || r.psn > 0xffffff) return std::nullopt;
-      std::memcpy(r.gid, b->gid, 16);
-      r.lid = Load16(b->lid);
-      r.responder_resources = b->responder_resources;
-      r.initiator_depth = b->initiator_depth;
-      r.flow_control = b->flow_control;
       r.retry_count = b->retry_count;
-      r.rnr_retry_count = b->rnr_retry_count;
-      if (r.retry_count > 7 || r.rnr_retry_count > 7) return std::nullopt;
-      r.ece_vendor_id = Load32(b->ece_vendor_id);
-      r.ece_options = Load32(b->ece_options);
-      r.qkey = Load32(b->qkey);
-      if (!take_private(sizeof(ReqBody), b->private_data_len, &r.private_data)) return std::nullopt;
+      if (r.retry_count > 7) return std::nullopt;
+      if (!GetAddr(b->src, &r.src) || !GetAddr(b->dst, &r.dst)) return std::nullopt;
+      if (!GetConnEnd(b->end, &r.end) ||
+          !take_private(sizeof(ReqBody), b->end.private_data_len, &r.end.private_data)) {
+        return std::nullopt;
+      }
       return m;
     }
     case MsgType::kRep: {
       if (body_len < sizeof(RepBody)) return std::nullopt;
       const auto* b = reinterpret_cast<const RepBody*>(body);
-      Rep& r = m.rep;
-      r.qpn = Load32(b->qpn);
-      r.psn = Load32(b->psn);
-      if (r.qpn > 0xffffff || r.psn > 0xffffff) return std::nullopt;
-      std::memcpy(r.gid, b->gid, 16);
-      r.lid = Load16(b->lid);
-      r.responder_resources = b->responder_resources;
-      r.initiator_depth = b->initiator_depth;
-      r.flow_control = b->flow_control;
-      r.rnr_retry_count = b->rnr_retry_count;
-      if (r.rnr_retry_count > 7) return std::nullopt;
-      r.flags = b->flags;
-      r.ece_vendor_id = Load32(b->ece_vendor_id);
-      r.ece_options = Load32(b->ece_options);
-      r.qkey = Load32(b->qkey);
-      r.status = Load32(b->status);
-      if (!take_private(sizeof(RepBody), b->private_data_len, &r.private_data)) return std::nullopt;
+      m.rep.status = Load32(b->status);
+      if (!GetConnEnd(b->end, &m.rep.end) ||
+          !take_private(sizeof(RepBody), b->end.private_data_len, &m.rep.end.private_data)) {
+        return std::nullopt;
+      }
       return m;
     }
     case MsgType::kRej: {

@@ -56,48 +56,42 @@ struct WireAddr {
 };
 static_assert(sizeof(WireAddr) == 20);
 
+// The sender's side of a connection, as both REQ and REP carry it: its QP, how to reach it, and
+// what it offers.
+struct WireConnEnd {
+  uint8_t qpn[4];
+  uint8_t psn[4];
+  uint8_t gid[16];
+  uint8_t lid[2];
+  uint8_t responder_resources;
+  uint8_t initiator_depth;
+  uint8_t flow_control;
+  uint8_t rnr_retry_count;
+  uint8_t flags;  // kFlagSrq
+  uint8_t private_data_len;
+  uint8_t ece_vendor_id[4];
+  uint8_t ece_options[4];
+  uint8_t qkey[4];
+};
+static_assert(sizeof(WireConnEnd) == 44);
+static_assert(offsetof(WireConnEnd, private_data_len) == 31);
+
 struct ReqBody {
   uint8_t port_space[2];
   uint8_t qp_type;
-  uint8_t flags;  // kFlagSrq
+  uint8_t retry_count;  // applies to both QPs
   WireAddr src;
   WireAddr dst;
-  uint8_t qpn[4];
-  uint8_t psn[4];
-  uint8_t gid[16];
-  uint8_t lid[2];
-  uint8_t responder_resources;
-  uint8_t initiator_depth;
-  uint8_t flow_control;
-  uint8_t retry_count;
-  uint8_t rnr_retry_count;
-  uint8_t private_data_len;
-  uint8_t ece_vendor_id[4];
-  uint8_t ece_options[4];
-  uint8_t qkey[4];
+  WireConnEnd end;
 };
 static_assert(sizeof(ReqBody) == 88);
-static_assert(offsetof(ReqBody, src) == 4 && offsetof(ReqBody, qpn) == 44);
-static_assert(offsetof(ReqBody, private_data_len) == 75);
+static_assert(offsetof(ReqBody, src) == 4 && offsetof(ReqBody, end) == 44);
 
 struct RepBody {
-  uint8_t qpn[4];
-  uint8_t psn[4];
-  uint8_t gid[16];
-  uint8_t lid[2];
-  uint8_t responder_resources;
-  uint8_t initiator_depth;
-  uint8_t flow_control;
-  uint8_t rnr_retry_count;
-  uint8_t flags;  // kFlagSrq
-  uint8_t private_data_len;
-  uint8_t ece_vendor_id[4];
-  uint8_t ece_options[4];
-  uint8_t qkey[4];
+  WireConnEnd end;
   uint8_t status[4];  // SIDR_REP: 0 = accepted
 };
 static_assert(sizeof(RepBody) == 48);
-static_assert(offsetof(RepBody, private_data_len) == 31);
 
 struct RejBody {
   uint8_t reason[4];
@@ -124,28 +118,27 @@ struct Addr {
   uint8_t ip[16] = {};
 };
 
-struct Req {
-  uint16_t port_space = 0;
-  uint8_t qp_type = 0;
-  uint8_t flags = 0;
-  Addr src, dst;
-  uint32_t qpn = 0, psn = 0;
-  uint8_t gid[16] = {};
-  uint16_t lid = 0;
-  uint8_t responder_resources = 0, initiator_depth = 0, flow_control = 0, retry_count = 0,
-          rnr_retry_count = 0;
-  uint32_t ece_vendor_id = 0, ece_options = 0, qkey = 0;
-  std::vector<uint8_t> private_data;
-};
-
-struct Rep {
+struct ConnEnd {
   uint32_t qpn = 0, psn = 0;
   uint8_t gid[16] = {};
   uint16_t lid = 0;
   uint8_t responder_resources = 0, initiator_depth = 0, flow_control = 0, rnr_retry_count = 0,
           flags = 0;
-  uint32_t ece_vendor_id = 0, ece_options = 0, qkey = 0, status = 0;
+  uint32_t ece_vendor_id = 0, ece_options = 0, qkey = 0;
   std::vector<uint8_t> private_data;
+};
+
+struct Req {
+  uint16_t port_space = 0;
+  uint8_t qp_type = 0;
+  uint8_t retry_count = 0;
+  Addr src, dst;
+  ConnEnd end;
+};
+
+struct Rep {
+  ConnEnd end;
+  uint32_t status = 0;
 };
 
 struct Rej {

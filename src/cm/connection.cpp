@@ -473,6 +473,62 @@ int Cm::GetRequest(CmId* listen, CmId** out) {
   return 0;
 }
 
+// This side's end of a REQ or REP: the id's QP (or the one the application names in `param`), the
+// values it offers, its private data.
+ConnEnd Cm::LocalEnd(CmId* id, const rdma_conn_param* param, uint32_t ece_vendor_id) {
+  ConnEnd e;
+  if (id->pub.qp) {
+    e.qpn = id->pub.qp->qp_num;
+    e.flags = id->pub.qp->srq ? kFlagSrq : 0;
+  } else if (param) {
+    e.qpn = param->qp_num & 0xffffff;
+    e.flags = param->srq ? kFlagSrq : 0;
+  }
+  e.psn = id->psn;
+  std::memcpy(e.gid, &gid_, 16);
+  e.lid = lid_;
+  e.responder_resources = id->responder_resources;
+  e.initiator_depth = id->initiator_depth;
+  e.flow_control = param ? param->flow_control : 1;
+  e.rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
+  e.ece_vendor_id = ece_vendor_id;
+  e.ece_options = id->local_ece.options;
+  e.qkey = id->qkey;
+  if (param && param->private_data_len) {
+    const auto* p = static_cast<const uint8_t*>(param->private_data);
+    e.private_data.assign(p, p + param->private_data_len);
+  }
+  return e;
+}
+
+// What the peer's end of a REQ or REP tells this side.
+void Cm::LearnPeer(CmId* id, uint32_t peer_comm_id, const ConnEnd& e) {
+  id->remote_comm_id = peer_comm_id;
+  id->remote_known = true;
+  id->remote_qpn = e.qpn;
+  id->remote_psn = e.psn;
+  std::memcpy(id->remote_gid, e.gid, 16);
+  id->remote_lid = e.lid;
+  id->remote_qkey = e.qkey;
+  // Seen from this side: what the peer may read from us is what it initiates, and the reverse.
+  id->remote_responder_resources = e.initiator_depth;
+  id->remote_initiator_depth = e.responder_resources;
+  // As in IB CM, each side says how often the other's QP retries its RNR NAKs.
+  id->rnr_retry_count = e.rnr_retry_count;
+  id->remote_ece.vendor_id = e.ece_vendor_id;
+  id->remote_ece.options = e.ece_options;
+}
+
+// The connection parameters an event reports about the peer's end.
+static void FillConnParam(rdma_conn_param* c, const CmId* id, const ConnEnd& e) {
+  c->responder_resources = id->remote_responder_resources;
+  c->initiator_depth = id->remote_initiator_depth;
+  c->flow_control = e.flow_control;
+  c->rnr_retry_count = e.rnr_retry_count;
+  c->srq = (e.flags & kFlagSrq) ? 1 : 0;
+  c->qp_num = e.qpn;
+}
+
 int Cm::Connect(CmId* id, const rdma_conn_param* param) {
   std::unique_lock<std::mutex> lk(mu);
   if (id->state != IdState::kRouteResolved && id->state != IdState::kAddrResolved) return EINVAL;
@@ -504,30 +560,10 @@ int Cm::Connect(CmId* id, const rdma_conn_param* param) {
   Req r;
   r.port_space = static_cast<uint16_t>(id->pub.ps);
   r.qp_type = static_cast<uint8_t>(id->pub.qp_type);
+  r.retry_count = id->retry_count;
   r.src = id->src;
   r.dst = id->dst;
-  if (id->pub.qp) {
-    r.qpn = id->pub.qp->qp_num;
-    r.flags = id->pub.qp->srq ? kFlagSrq : 0;
-  } else if (param) {
-    r.qpn = param->qp_num & 0xffffff;
-    r.flags = param->srq ? kFlagSrq : 0;
-  }
-  r.psn = id->psn;
-  std::memcpy(r.gid, &gid_, 16);
-  r.lid = lid_;
-  r.responder_resources = id->responder_resources;
-  r.initiator_depth = id->initiator_depth;
-  r.flow_control = param ? param->flow_control : 1;
-  r.retry_count = id->retry_count;
-  r.rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
-  r.ece_vendor_id = id->local_ece.vendor_id;
-  r.ece_options = id->local_ece.options;
-  r.qkey = id->qkey;
-  if (param && param->private_data_len) {
-    const auto* p = static_cast<const uint8_t*>(param->private_data);
-    r.private_data.assign(p, p + param->private_data_len);
-  }
+  r.end = LocalEnd(id, param, id->local_ece.vendor_id);
 
   id->pending_req = std::make_unique<Req>(std::move(r));
   id->listener_deadline_ns = NowNs() + kListenerGraceMs * 1000000ull;
@@ -625,28 +661,16 @@ void Cm::OnReq(Peer* p, const Message& m) {
   child->comm_id = ++next_comm_id_;
   if (child->comm_id == 0) child->comm_id = ++next_comm_id_;
   ids_[child->comm_id] = child;
-  child->remote_comm_id = m.sender_id;
   child->peer = p;
   p->ids.insert(child);
   child->src = r.dst;
   child->dst = r.src;
   child->has_src = child->has_dst = true;
-  child->remote_known = true;
-  child->remote_qpn = r.qpn;
-  child->remote_psn = r.psn;
-  std::memcpy(child->remote_gid, r.gid, 16);
-  child->remote_lid = r.lid;
-  child->remote_qkey = r.qkey;
-  // The request's values seen from this side: what it may read from us is what it initiates.
-  child->remote_responder_resources = r.initiator_depth;
-  child->remote_initiator_depth = r.responder_resources;
-  child->responder_resources = r.initiator_depth;
-  child->initiator_depth = r.responder_resources;
+  LearnPeer(child, m.sender_id, r.end);
+  // Unless the accept says otherwise, this side offers what the request asked for.
+  child->responder_resources = child->remote_responder_resources;
+  child->initiator_depth = child->remote_initiator_depth;
   child->retry_count = r.retry_count;
-  child->rnr_retry_count = r.rnr_retry_count;
-  child->remote_ece.vendor_id = r.ece_vendor_id;
-  child->remote_ece.options = r.ece_options;
-  child->state = IdState::kRequestReceived;
   child->listener = listen;
   listen->children.insert(child);
   ++listen->pending;
@@ -657,19 +681,13 @@ void Cm::OnReq(Peer* p, const Message& m) {
   child->pub.route.num_paths = 1;
 
   CmEvent* e = nullptr;
-  Report(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &r.private_data, listen, &e);
+  Report(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &r.end.private_data, listen, &e);
   if (IsUd(child)) {
-    e->pub.param.ud.qp_num = r.qpn;
-    e->pub.param.ud.qkey = r.qkey;
+    e->pub.param.ud.qp_num = r.end.qpn;
+    e->pub.param.ud.qkey = r.end.qkey;
   } else {
-    rdma_conn_param& c = e->pub.param.conn;
-    c.responder_resources = child->remote_responder_resources;
-    c.initiator_depth = child->remote_initiator_depth;
-    c.flow_control = r.flow_control;
-    c.retry_count = r.retry_count;
-    c.rnr_retry_count = r.rnr_retry_count;
-    c.srq = (r.flags & kFlagSrq) ? 1 : 0;
-    c.qp_num = r.qpn;
+    FillConnParam(&e->pub.param.conn, child, r.end);
+    e->pub.param.conn.retry_count = r.retry_count;
   }
   QueueEvent(e);
 }
@@ -715,27 +733,7 @@ int Cm::Accept(CmId* id, const rdma_conn_param* param) {
     if (int err = ModifyToRtrRts(id)) return err;
   }
   Rep rep;
-  if (id->pub.qp) {
-    rep.qpn = id->pub.qp->qp_num;
-    rep.flags = id->pub.qp->srq ? kFlagSrq : 0;
-  } else if (param) {
-    rep.qpn = param->qp_num & 0xffffff;
-    rep.flags = param->srq ? kFlagSrq : 0;
-  }
-  rep.psn = id->psn;
-  std::memcpy(rep.gid, &gid_, 16);
-  rep.lid = lid_;
-  rep.responder_resources = id->responder_resources;
-  rep.initiator_depth = id->initiator_depth;
-  rep.flow_control = param ? param->flow_control : 1;
-  rep.rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
-  rep.ece_vendor_id = id->remote_ece.vendor_id;
-  rep.ece_options = id->local_ece.options;
-  rep.qkey = id->qkey;
-  if (param && param->private_data_len) {
-    const auto* p = static_cast<const uint8_t*>(param->private_data);
-    rep.private_data.assign(p, p + param->private_data_len);
-  }
+  rep.end = LocalEnd(id, param, id->remote_ece.vendor_id);  // the requester's vendor, answered
   if (id->listener) --id->listener->pending;
   Send(id->peer, EncodeRep(id->comm_id, id->remote_comm_id, rep));
   if (IsUd(id)) {
@@ -978,27 +976,16 @@ void Cm::OnMessage(Peer* p, const Message& m) {
 void Cm::OnRep(CmId* id, const Message& m) {
   if (id->state != IdState::kConnecting) return;
   Disarm(id);
-  const Rep& r = m.rep;
-  id->remote_comm_id = m.sender_id;
-  id->remote_known = true;
-  id->remote_qpn = r.qpn;
-  id->remote_psn = r.psn;
-  std::memcpy(id->remote_gid, r.gid, 16);
-  id->remote_lid = r.lid;
-  id->remote_qkey = r.qkey;
-  id->remote_responder_resources = r.initiator_depth;
-  id->remote_initiator_depth = r.responder_resources;
-  id->rnr_retry_count = r.rnr_retry_count;
-  id->remote_ece.vendor_id = r.ece_vendor_id;
-  id->remote_ece.options = r.ece_options;
+  const ConnEnd& r = m.rep.end;
+  LearnPeer(id, m.sender_id, r);
   // What we may have outstanding is bounded by what the peer will serve.
   id->initiator_depth = std::min(id->initiator_depth, r.responder_resources);
   FillRoute(id);
   CmEvent* e = nullptr;
   if (IsUd(id)) {
-    if (r.status != 0) {
+    if (m.rep.status != 0) {
       id->state = IdState::kFailed;
-      Report(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(r.status), &r.private_data);
+      Report(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(m.rep.status), &r.private_data);
       return;
     }
     id->state = IdState::kConnected;
@@ -1015,19 +1002,10 @@ void Cm::OnRep(CmId* id, const Message& m) {
     QueueEvent(e);
     return;
   }
-  auto fill = [&](CmEvent* ev) {
-    rdma_conn_param& c = ev->pub.param.conn;
-    c.responder_resources = id->remote_responder_resources;
-    c.initiator_depth = id->remote_initiator_depth;
-    c.flow_control = r.flow_control;
-    c.rnr_retry_count = r.rnr_retry_count;
-    c.srq = (r.flags & kFlagSrq) ? 1 : 0;
-    c.qp_num = r.qpn;
-  };
   if (!id->pub.qp) {
     id->state = IdState::kConnectResponse;
     Report(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &r.private_data, nullptr, &e);
-    fill(e);
+    FillConnParam(&e->pub.param.conn, id, r);
     QueueEvent(e);
     return;
   }
@@ -1041,7 +1019,7 @@ void Cm::OnRep(CmId* id, const Message& m) {
   Send(id->peer, EncodeBare(MsgType::kRtu, id->comm_id, id->remote_comm_id));
   id->state = IdState::kConnected;
   Report(id, RDMA_CM_EVENT_ESTABLISHED, 0, &r.private_data, nullptr, &e);
-  fill(e);
+  FillConnParam(&e->pub.param.conn, id, r);
   QueueEvent(e);
 }
 

@@ -89,14 +89,14 @@ std::vector<uint8_t> Req(uint32_t sender, uint16_t port, uint8_t resp, uint8_t i
   b.qp_type = IBV_QPT_RC;
   PutLoopback4(&b.src, 40000);
   PutLoopback4(&b.dst, port);
-  Put32(b.qpn, 0x1234);
-  Put32(b.psn, 0x777);
-  b.responder_resources = resp;
-  b.initiator_depth = init;
-  b.flow_control = 1;
+  Put32(b.end.qpn, 0x1234);
+  Put32(b.end.psn, 0x777);
+  b.end.responder_resources = resp;
+  b.end.initiator_depth = init;
+  b.end.flow_control = 1;
   b.retry_count = 7;
-  b.rnr_retry_count = 7;
-  b.private_data_len = declared_private;
+  b.end.rnr_retry_count = 7;
+  b.end.private_data_len = declared_private;
   auto* p = reinterpret_cast<uint8_t*>(&b);
   m.insert(m.end(), p, p + sizeof b);
   m.insert(m.end(), actual_private, 0x5a);
@@ -327,9 +327,9 @@ TEST_F(CmBadInput, AcceptWithNullParamClampsARequestAboveTheDeviceLimits) {
   ASSERT_EQ(m[1], static_cast<uint8_t>(wire::MsgType::kRep));
   ASSERT_GE(m.size(), sizeof(wire::MsgHeader) + sizeof(wire::RepBody));
   const auto* rep = reinterpret_cast<const wire::RepBody*>(m.data() + sizeof(wire::MsgHeader));
-  EXPECT_EQ(rep->responder_resources, 3);
-  EXPECT_EQ(rep->initiator_depth, dev.max_qp_init_rd_atom);
-  EXPECT_EQ(Get32(rep->qpn), server->qp->qp_num);
+  EXPECT_EQ(rep->end.responder_resources, 3);
+  EXPECT_EQ(rep->end.initiator_depth, dev.max_qp_init_rd_atom);
+  EXPECT_EQ(Get32(rep->end.qpn), server->qp->qp_num);
   uint32_t server_comm = Get32(m.data() + 4);
   // RTU: established.
   ASSERT_TRUE(raw.Send(Header(wire::MsgType::kRtu, sizeof(wire::MsgHeader), 11, server_comm)));
