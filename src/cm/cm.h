@@ -222,6 +222,8 @@ class Cm {
   int ServicePort();
   // `lk` (may be null: the service thread) is released while a new channel connects.
   Peer* PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk);
+  Peer* AddPeer(int fd, std::string key);
+  void WatchOutput(Peer* p, bool want);
   void Send(Peer* p, const std::vector<uint8_t>& msg);
   void ClosePeer(Peer* p);
   void Arm(CmId* id, TimerKind kind, uint64_t ms, int status);

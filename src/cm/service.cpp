@@ -135,12 +135,18 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
     close(fd);  // another thread connected meanwhile
     return it->second;
   }
+  Peer* p = AddPeer(fd, key);
+  peers_by_key_[key] = p;
+  return p;
+}
+
+// A new channel, either way: watched for input, greeted, and given kHelloTimeoutMs to greet back.
+Peer* Cm::AddPeer(int fd, std::string key) {
   SetNoDelay(fd);
   auto* p = new Peer;
   p->fd = fd;
-  p->key = key;
+  p->key = std::move(key);
   p->hello_deadline_ns = NowNs() + kHelloTimeoutMs * 1000000ull;
-  peers_by_key_[key] = p;
   peers_.insert(p);
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -148,6 +154,14 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   Send(p, EncodeHello());
   return p;
+}
+
+// Whether the service thread waits for room in the socket (while `p->tx` holds bytes).
+void Cm::WatchOutput(Peer* p, bool want) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want ? uint32_t{EPOLLOUT} : 0u);
+  ev.data.ptr = p;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p->fd, &ev);
 }
 
 void Cm::Send(Peer* p, const std::vector<uint8_t>& msg) {
@@ -172,12 +186,7 @@ void Cm::Send(Peer* p, const std::vector<uint8_t>& msg) {
   if (off < msg.size()) {
     bool was_empty = p->tx.empty();
     p->tx.insert(p->tx.end(), msg.begin() + static_cast<ptrdiff_t>(off), msg.end());
-    if (was_empty) {
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLOUT;
-      ev.data.ptr = p;
-      epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p->fd, &ev);
-    }
+    if (was_empty) WatchOutput(p, true);
   }
 }
 
@@ -195,10 +204,7 @@ void Cm::OnWritable(Peer* p) {
       return;
     }
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.ptr = p;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p->fd, &ev);
+  WatchOutput(p, false);
 }
 
 void Cm::ClosePeer(Peer* p) {
@@ -262,16 +268,7 @@ void Cm::AcceptChannels() {
       if (errno == EINTR) continue;
       return;  // EAGAIN, or out of fds: the rest wait in the backlog
     }
-    SetNoDelay(fd);
-    auto* p = new Peer;
-    p->fd = fd;
-    p->hello_deadline_ns = NowNs() + kHelloTimeoutMs * 1000000ull;
-    peers_.insert(p);
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.ptr = p;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-    Send(p, EncodeHello());
+    AddPeer(fd, "");
   }
 }
 
