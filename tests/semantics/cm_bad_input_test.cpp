@@ -18,29 +18,6 @@ namespace {
 
 namespace wire = softrdma::cm;
 
-// The CM service port published for this process's listener on `port` (0 if none).
-uint16_t ServicePortOf(uint16_t port) {
-  const char* run = getenv("SOFTRDMA_RUNDIR");
-  std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/cm";
-  DIR* d = opendir(dir.c_str());
-  if (!d) return 0;
-  uint16_t found = 0;
-  while (dirent* de = readdir(d)) {
-    if (de->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + de->d_name);
-    std::string word;
-    long pid = -1, p = -1, listen = 0;
-    while (in >> word) {
-      if (word == "pid") in >> pid;
-      if (word == "port") in >> p;
-      if (word == "listen") in >> listen;
-    }
-    if (pid == getpid() && p == port && listen > 0) found = static_cast<uint16_t>(listen);
-  }
-  closedir(d);
-  return found;
-}
-
 void Put16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v >> 8);
   p[1] = static_cast<uint8_t>(v);

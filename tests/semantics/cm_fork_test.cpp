@@ -23,21 +23,13 @@ bool NextEvent(rdma_event_channel* ch, rdma_cm_event** e, int timeout_ms) {
   return rdma_get_cm_event(ch, e) == 0;
 }
 
-sockaddr_in Loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 // The child's whole job: resolve, connect without a QP, and report the first answer it gets.
 int ChildConnects(uint16_t port) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 10;
-  sockaddr_in dst = Loopback(port);
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000)) return 11;
+  sockaddr_storage dst = cmtest::Ip("127.0.0.1", port);
+  if (rdma_resolve_addr(id, nullptr, cmtest::Sa(&dst), 2000)) return 11;
   rdma_cm_event* e;
   if (!NextEvent(ch, &e, 5000) || e->event != RDMA_CM_EVENT_ADDR_RESOLVED) return 12;
   rdma_ack_cm_event(e);
@@ -58,16 +50,8 @@ TEST(CmFork, ChildOfARunningCmConnectsToItsParentsListener) {
   ASSERT_NE(ch, nullptr);
   rdma_cm_id* listen_id = nullptr;
   ASSERT_EQ(rdma_create_id(ch, &listen_id, nullptr, RDMA_PS_TCP), 0);
-  // Ports are shared with every test process running at the same time: take a free one.
   uint16_t port = 0;
-  int bound = -1;
-  for (int tries = 0; tries < 50 && bound != 0; ++tries) {
-    port = cmtest::NextPort();
-    sockaddr_in any = Loopback(port);
-    bound = rdma_bind_addr(listen_id, reinterpret_cast<sockaddr*>(&any));
-    ASSERT_TRUE(bound == 0 || errno == EADDRINUSE) << strerror(errno);
-  }
-  ASSERT_EQ(bound, 0) << "no free port";
+  ASSERT_TRUE(cmtest::BindFreePort(listen_id, "127.0.0.1", &port)) << strerror(errno);
   ASSERT_EQ(rdma_listen(listen_id, 4), 0);
 
   pid_t child = fork();

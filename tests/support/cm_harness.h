@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +73,21 @@ inline sockaddr_storage Ip(const char* text, uint16_t port) {
 
 inline sockaddr* Sa(sockaddr_storage* ss) {
   return reinterpret_cast<sockaddr*>(ss);
+}
+
+// Binds `id` to `ip`:<a free port> (ports are shared with every test process running at the same
+// time: EADDRINUSE means try another). The port goes to *port; false with errno otherwise.
+inline bool BindFreePort(rdma_cm_id* id, const char* ip, uint16_t* port) {
+  for (int tries = 0; tries < 50; ++tries) {
+    uint16_t p = NextPort();
+    sockaddr_storage a = Ip(ip, p);
+    if (rdma_bind_addr(id, Sa(&a)) == 0) {
+      *port = p;
+      return true;
+    }
+    if (errno != EADDRINUSE) return false;
+  }
+  return false;
 }
 
 inline uint16_t PortOf(const sockaddr* a) {
@@ -246,24 +263,15 @@ class CmTest : public ::testing::Test {
                      const char* ip = "127.0.0.1", int backlog = 16) {
     rdma_cm_id* id = NewId(ch, ps);
     if (!id) return nullptr;
-    for (int tries = 0; tries < 50; ++tries) {
-      uint16_t p = NextPort();
-      sockaddr_storage a = Ip(ip, p);
-      if (rdma_bind_addr(id, Sa(&a)) == 0) {
-        if (rdma_listen(id, backlog) != 0) {
-          ADD_FAILURE() << "rdma_listen: " << strerror(errno);
-          return nullptr;
-        }
-        *port = p;
-        return id;
-      }
-      if (errno != EADDRINUSE) {
-        ADD_FAILURE() << "rdma_bind_addr: " << strerror(errno);
-        return nullptr;
-      }
+    if (!BindFreePort(id, ip, port)) {
+      ADD_FAILURE() << "rdma_bind_addr: " << strerror(errno);
+      return nullptr;
     }
-    ADD_FAILURE() << "no free port";
-    return nullptr;
+    if (rdma_listen(id, backlog) != 0) {
+      ADD_FAILURE() << "rdma_listen: " << strerror(errno);
+      return nullptr;
+    }
+    return id;
   }
 
   // An id on `ch` with its address and route resolved towards `ip`:`port`.
@@ -349,6 +357,29 @@ class CmTest : public ::testing::Test {
   std::vector<rdma_event_channel*> channels_;
   std::vector<rdma_cm_id*> ids_;
 };
+
+// The CM service port published for this process's listener on `port` (0 if none).
+inline uint16_t ServicePortOf(uint16_t port) {
+  const char* run = getenv("SOFTRDMA_RUNDIR");
+  std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/cm";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return 0;
+  uint16_t found = 0;
+  while (dirent* de = readdir(d)) {
+    if (de->d_name[0] == '.') continue;
+    std::ifstream in(dir + "/" + de->d_name);
+    std::string word;
+    long pid = -1, p = -1, listen = 0;
+    while (in >> word) {
+      if (word == "pid") in >> pid;
+      if (word == "port") in >> p;
+      if (word == "listen") in >> listen;
+    }
+    if (pid == getpid() && p == port && listen > 0) found = static_cast<uint16_t>(listen);
+  }
+  closedir(d);
+  return found;
+}
 
 // ---- Child processes ----------------------------------------------------------------------------
 
