@@ -25,40 +25,7 @@ set -u
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-NETNS=0
-QUICK=0
-FILTER=
-LIST=0
-while [[ $# -gt 0 ]]; do
-	case $1 in
-	--netns) NETNS=1 ;;
-	--quick) QUICK=1 ;;
-	--filter)
-		[[ $# -ge 2 ]] || srdma_die "--filter needs a regex"
-		FILTER=$2
-		shift
-		;;
-	--filter=*) FILTER=${1#--filter=} ;;
-	-v | --verbose) T_VERBOSE=1 ;;
-	--list) LIST=1 ;;
-	-h | --help)
-		sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*) srdma_die "unknown argument: $1 (see --help)" ;;
-	esac
-	shift
-done
-
-# want NAME: should this case run? In --list mode print it instead.
-want() {
-	[[ -z $FILTER || $1 =~ $FILTER ]] || return 1
-	if ((LIST)); then
-		echo "$1"
-		return 1
-	fi
-	return 0
-}
+srdma_parse_suite_args "$@"
 
 # ---------------------------------------------------------------------------
 # Mode-dependent parameters

@@ -765,3 +765,50 @@ srdma_install_traps() {
 	trap '_srdma_on_signal TERM' TERM
 	trap '_srdma_on_signal HUP' HUP
 }
+
+# ---------------------------------------------------------------------------
+# The command line the suites share (debian_tools.sh, rdmacm_tools.sh): sets
+# NETNS, QUICK, FILTER, LIST and T_VERBOSE; --help prints the calling script's
+# header comment.
+# shellcheck disable=SC2034 # the variables are the calling suite's
+srdma_parse_suite_args() {
+	NETNS=0
+	QUICK=0
+	FILTER=
+	LIST=0
+	while [[ $# -gt 0 ]]; do
+		case $1 in
+		--netns) NETNS=1 ;;
+		--quick) QUICK=1 ;;
+		--filter)
+			[[ $# -ge 2 ]] || srdma_die "--filter needs a regex"
+			FILTER=$2
+			shift
+			;;
+		--filter=*) FILTER=${1#--filter=} ;;
+		-v | --verbose) T_VERBOSE=1 ;;
+		--list) LIST=1 ;;
+		-h | --help)
+			sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+			exit 0
+			;;
+		*) srdma_die "unknown argument: $1 (see --help)" ;;
+		esac
+		shift
+	done
+}
+
+# want NAME: should this case run (FILTER)? In --list mode print it instead,
+# marked when it is on the expected-failure list.
+want() {
+	[[ -z $FILTER || $1 =~ $FILTER ]] || return 1
+	if ((LIST)); then
+		if srdma_is_xfail "$1"; then
+			echo "$1 [XFAIL]"
+		else
+			echo "$1"
+		fi
+		return 1
+	fi
+	return 0
+}
