@@ -60,7 +60,7 @@ while [[ $# -gt 0 ]]; do
 		;;
 	-v | --verbose) T_VERBOSE=1 ;;
 	-h | --help)
-		sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+		srdma_usage
 		exit 0
 		;;
 	*) srdma_die "unknown argument: $1 (see --help)" ;;

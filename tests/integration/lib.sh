@@ -767,6 +767,11 @@ srdma_install_traps() {
 }
 
 # ---------------------------------------------------------------------------
+# srdma_usage: prints the calling script's header comment (its --help).
+srdma_usage() {
+	sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+}
+
 # The command line the suites share (debian_tools.sh, rdmacm_tools.sh): sets
 # NETNS, QUICK, FILTER, LIST and T_VERBOSE; --help prints the calling script's
 # header comment.
@@ -789,7 +794,7 @@ srdma_parse_suite_args() {
 		-v | --verbose) T_VERBOSE=1 ;;
 		--list) LIST=1 ;;
 		-h | --help)
-			sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+			srdma_usage
 			exit 0
 			;;
 		*) srdma_die "unknown argument: $1 (see --help)" ;;
