@@ -311,15 +311,9 @@ TEST_F(CmEvents, RejectedCarriesPrivateDataAndConsumerStatus) {
 }
 
 TEST_F(CmEvents, EstablishedAndDisconnectedOnBothSidesActiveCloses) {
-  rdma_event_channel* sch = Channel();
-  rdma_event_channel* cch = Channel();
-  uint16_t port = 0;
-  ASSERT_NE(Listen(sch, &port), nullptr);
-  rdma_cm_id* client = Resolved(cch, port);
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(MakeQp(client));
-  rdma_cm_id* server = Establish(client, sch);
-  ASSERT_NE(server, nullptr);
+  Connection c;
+  ASSERT_TRUE(Connect(&c));
+  auto [sch, cch, client, server] = c;
   EXPECT_EQ(QueryQp(client->qp).qp_state, IBV_QPS_RTS);
   EXPECT_EQ(QueryQp(server->qp).qp_state, IBV_QPS_RTS);
   EXPECT_EQ(QueryQp(client->qp).dest_qp_num, server->qp->qp_num);
@@ -340,15 +334,9 @@ TEST_F(CmEvents, EstablishedAndDisconnectedOnBothSidesActiveCloses) {
 }
 
 TEST_F(CmEvents, DisconnectedOnBothSidesPassiveCloses) {
-  rdma_event_channel* sch = Channel();
-  rdma_event_channel* cch = Channel();
-  uint16_t port = 0;
-  ASSERT_NE(Listen(sch, &port), nullptr);
-  rdma_cm_id* client = Resolved(cch, port);
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(MakeQp(client));
-  rdma_cm_id* server = Establish(client, sch);
-  ASSERT_NE(server, nullptr);
+  Connection c;
+  ASSERT_TRUE(Connect(&c));
+  auto [sch, cch, client, server] = c;
   ASSERT_EQ(rdma_disconnect(server), 0) << strerror(errno);
   EXPECT_TRUE(Next(cch, RDMA_CM_EVENT_DISCONNECTED));
   EXPECT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED));
@@ -359,15 +347,9 @@ TEST_F(CmEvents, DisconnectedOnBothSidesPassiveCloses) {
 
 // After DISCONNECTED, each asynchronous id gets TIMEWAIT_EXIT once the time-wait (1 s) is over.
 TEST_F(CmEvents, TimewaitExitFollowsDisconnectedOnBothSides) {
-  rdma_event_channel* sch = Channel();
-  rdma_event_channel* cch = Channel();
-  uint16_t port = 0;
-  ASSERT_NE(Listen(sch, &port), nullptr);
-  rdma_cm_id* client = Resolved(cch, port);
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(MakeQp(client));
-  rdma_cm_id* server = Establish(client, sch);
-  ASSERT_NE(server, nullptr);
+  Connection c;
+  ASSERT_TRUE(Connect(&c));
+  auto [sch, cch, client, server] = c;
   ASSERT_EQ(rdma_disconnect(client), 0);
   ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_DISCONNECTED));
   ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED));
@@ -385,15 +367,9 @@ TEST_F(CmEvents, TimewaitExitFollowsDisconnectedOnBothSides) {
 
 // Destroying a connected id tells its peer (DISCONNECTED), as the kernel's rdma_cm does.
 TEST_F(CmEvents, DestroyingAConnectedIdDisconnectsThePeer) {
-  rdma_event_channel* sch = Channel();
-  rdma_event_channel* cch = Channel();
-  uint16_t port = 0;
-  ASSERT_NE(Listen(sch, &port), nullptr);
-  rdma_cm_id* client = Resolved(cch, port);
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(MakeQp(client));
-  rdma_cm_id* server = Establish(client, sch);
-  ASSERT_NE(server, nullptr);
+  Connection c;
+  ASSERT_TRUE(Connect(&c));
+  auto [sch, cch, client, server] = c;
   Destroy(client);
   Event e;
   ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED, &e));

@@ -354,6 +354,25 @@ class CmTest : public ::testing::Test {
     return server;
   }
 
+  // A connected RC pair on fresh channels, with the library's default QPs: the listener's events
+  // come on `sch`, the client's on `cch`.
+  struct Connection {
+    rdma_event_channel* sch = nullptr;
+    rdma_event_channel* cch = nullptr;
+    rdma_cm_id* client = nullptr;
+    rdma_cm_id* server = nullptr;
+  };
+  bool Connect(Connection* c) {
+    c->sch = Channel();
+    c->cch = Channel();
+    uint16_t port = 0;
+    if (!c->sch || !c->cch || !Listen(c->sch, &port)) return false;
+    c->client = Resolved(c->cch, port);
+    if (!c->client || !MakeQp(c->client)) return false;
+    c->server = Establish(c->client, c->sch);
+    return c->server != nullptr;
+  }
+
   std::vector<rdma_event_channel*> channels_;
   std::vector<rdma_cm_id*> ids_;
 };
