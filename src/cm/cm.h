@@ -102,13 +102,13 @@ struct CmId {
   uint32_t qkey = 0;
   // The peer's, from its REQ or REP.
   bool remote_known = false;
-  uint32_t remote_qpn = 0, remote_psn = 0, remote_qkey = 0;
+  uint32_t remote_qpn = 0, remote_psn = 0;
   uint8_t remote_gid[16] = {};
   uint16_t remote_lid = 0;
   uint8_t remote_responder_resources = 0, remote_initiator_depth = 0;
 
   // rdma_set_option.
-  bool tos_set = false, ack_timeout_set = false, reuse_addr = false;
+  bool ack_timeout_set = false, reuse_addr = false;
   uint8_t tos = 0, ack_timeout = 0;
   int afonly = 0;
   ibv_ece local_ece{}, remote_ece{};
@@ -125,7 +125,6 @@ struct CmId {
   // What this id owns besides itself.
   bool owns_channel = false;
   ibv_sa_path_rec path{};
-  bool destroying = false;
 };
 
 inline CmId* ToId(rdma_cm_id* id) {
@@ -183,7 +182,6 @@ class Cm {
 
   // The one device: its context, default PD and limits.
   ibv_context* Context();
-  ibv_pd* DefaultPd();
   const ibv_device_attr& DeviceAttr() { return device_attr_; }
 
   std::mutex mu;
@@ -219,7 +217,6 @@ class Cm {
 
   // service.cpp
   bool StartService();
-  int ServicePort();
   // `lk` (may be null: the service thread) is released while a new channel connects.
   Peer* PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk);
   Peer* AddPeer(int fd, std::string key);

@@ -243,7 +243,6 @@ int Cm::CompleteSync(CmId* id, std::unique_lock<std::mutex>* lk) {
 
 int Cm::DestroyId(CmId* id) {
   std::unique_lock<std::mutex> lk(mu);
-  id->destroying = true;
   Disarm(id);
   // Tell the peer, as the kernel does when an id goes away mid-connection.
   if (id->peer) {
@@ -509,7 +508,6 @@ void Cm::LearnPeer(CmId* id, uint32_t peer_comm_id, const ConnEnd& e) {
   id->remote_psn = e.psn;
   std::memcpy(id->remote_gid, e.gid, 16);
   id->remote_lid = e.lid;
-  id->remote_qkey = e.qkey;
   // Seen from this side: what the peer may read from us is what it initiates, and the reverse.
   id->remote_responder_resources = e.initiator_depth;
   id->remote_initiator_depth = e.responder_resources;
@@ -655,7 +653,6 @@ void Cm::OnReq(Peer* p, const Message& m) {
   child->qkey = listen->qkey;
   child->pub.pd = listen->pub.pd;
   child->tos = listen->tos;
-  child->tos_set = listen->tos_set;
   child->ack_timeout = listen->ack_timeout;
   child->ack_timeout_set = listen->ack_timeout_set;
   child->comm_id = ++next_comm_id_;
@@ -862,7 +859,6 @@ int Cm::SetOption(CmId* id, int level, int name, const void* val, size_t len) {
       case RDMA_OPTION_ID_TOS:
         if (len != sizeof(uint8_t)) return EINVAL;
         id->tos = *static_cast<const uint8_t*>(val);
-        id->tos_set = true;
         FillRoute(id);
         return 0;
       case RDMA_OPTION_ID_REUSEADDR:

@@ -48,10 +48,6 @@ ibv_context* Cm::Context() {
   return ctx_;
 }
 
-ibv_pd* Cm::DefaultPd() {
-  return Context() ? pd_ : nullptr;
-}
-
 namespace {
 
 // A completion channel and CQ for one direction, owned by the id (rdma_destroy_qp frees them).

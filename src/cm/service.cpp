@@ -96,10 +96,6 @@ bool Cm::StartService() {
   return true;
 }
 
-int Cm::ServicePort() {
-  return service_port_;
-}
-
 void Cm::Wake() {
   uint64_t one = 1;
   ssize_t r = write(wake_fd_, &one, sizeof one);
