@@ -146,10 +146,17 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
 std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> Hca::McastTargets(
     const ibv_gid& mgid) {
   std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> out;
+  std::lock_guard<std::mutex> g(mcast_channels_mu_);
   for (uint32_t qpn : mcast_.Members(mgid)) {
-    ibv_ah_attr a{};
-    a.dlid = static_cast<uint16_t>(qpn >> kQpIndexBits);
-    if (auto ch = Resolve(a, qpn, true)) out.emplace_back(std::move(ch), qpn);
+    // Resolving reads the member's slot file: once per process reached, not once per send.
+    uint16_t slot = static_cast<uint16_t>(qpn >> kQpIndexBits);
+    std::shared_ptr<link::Channel>& ch = mcast_channels_[slot];
+    if (!ch || ch->closed()) {
+      ibv_ah_attr a{};
+      a.dlid = slot;
+      ch = Resolve(a, qpn, true);
+    }
+    if (ch) out.emplace_back(ch, qpn);
   }
   return out;
 }

@@ -88,6 +88,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::unique_ptr<link::Endpoint> endpoint_;
   MrTable mrs_;
   McastRegistry mcast_;
+  std::mutex mcast_channels_mu_;
+  std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> mcast_channels_;  // by slot
   std::atomic<uint32_t> pd_handles_{0};
 
   std::shared_mutex qp_mu_;
