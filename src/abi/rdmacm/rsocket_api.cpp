@@ -36,6 +36,19 @@ T With(int fd, Op op) {
   return Result<T>(op(*s));
 }
 
+// A msghdr the message calls can use; errno as sendmsg/recvmsg set it otherwise.
+bool ValidMsg(const msghdr* msg) {
+  if (!msg) {
+    errno = EFAULT;
+    return false;
+  }
+  if (msg->msg_iovlen > IOV_MAX) {
+    errno = EMSGSIZE;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 SOFTRDMA_EXPORT int rsocket(int domain, int type, int protocol) {
@@ -72,14 +85,7 @@ SOFTRDMA_EXPORT ssize_t rrecvfrom(int socket, void* buf, size_t len, int flags, 
                        [&](rs::Socket& s) { return s.Recv(&iov, 1, flags, src_addr, addrlen); });
 }
 SOFTRDMA_EXPORT ssize_t rrecvmsg(int socket, msghdr* msg, int flags) {
-  if (!msg) {
-    errno = EFAULT;
-    return -1;
-  }
-  if (msg->msg_iovlen > IOV_MAX) {
-    errno = EMSGSIZE;
-    return -1;
-  }
+  if (!ValidMsg(msg)) return -1;
   return With<ssize_t>(socket, [&](rs::Socket& s) {
     sockaddr* from = static_cast<sockaddr*>(msg->msg_name);
     socklen_t* fromlen = from ? &msg->msg_namelen : nullptr;
@@ -99,14 +105,7 @@ SOFTRDMA_EXPORT ssize_t rsendto(int socket, const void* buf, size_t len, int fla
                        [&](rs::Socket& s) { return s.Send(&iov, 1, flags, dest_addr, addrlen); });
 }
 SOFTRDMA_EXPORT ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
-  if (!msg) {
-    errno = EFAULT;
-    return -1;
-  }
-  if (msg->msg_iovlen > IOV_MAX) {
-    errno = EMSGSIZE;
-    return -1;
-  }
+  if (!ValidMsg(msg)) return -1;
   return With<ssize_t>(socket, [&](rs::Socket& s) {
     return s.Send(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
                   static_cast<const sockaddr*>(msg->msg_name), msg->msg_namelen);
