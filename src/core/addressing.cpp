@@ -114,7 +114,7 @@ void SlotRegistry::ForgetAfterFork() {
   fd_ = -1;
 }
 
-std::optional<link::PeerAddr> SlotRegistry::Lookup(uint16_t slot) const {
+std::optional<SlotRegistry::Peer> SlotRegistry::Lookup(uint16_t slot) const {
   if (slot == 0 || slot > kMaxSlot) return std::nullopt;
   std::ifstream in(RunDirectory() + "/slot-" + std::to_string(slot));
   if (!in) return std::nullopt;
@@ -136,10 +136,11 @@ std::optional<link::PeerAddr> SlotRegistry::Lookup(uint16_t slot) const {
     }
   }
   if (port == 0 || port > 65535 || ips.empty()) return std::nullopt;
-  link::PeerAddr a;
-  a.port = static_cast<uint16_t>(port);
-  a.ip = netns == NetnsId() ? INADDR_LOOPBACK : ips.front();
-  return a;
+  Peer p;
+  p.same_netns = netns == NetnsId();
+  p.addr.port = static_cast<uint16_t>(port);
+  p.addr.ip = p.same_netns ? INADDR_LOOPBACK : ips.front();
+  return p;
 }
 
 }  // namespace softrdma::core

@@ -41,8 +41,12 @@ class SlotRegistry {
   bool Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err);
   ~SlotRegistry();
   uint16_t slot() const { return slot_; }
-  // Where the process holding `slot` listens, as seen from this namespace.
-  std::optional<link::PeerAddr> Lookup(uint16_t slot) const;
+  struct Peer {
+    link::PeerAddr addr;  // where it listens, as seen from this namespace
+    bool same_netns;      // it shares our network namespace: same host, same Unix socket space
+  };
+  // Where the process holding `slot` listens.
+  std::optional<Peer> Lookup(uint16_t slot) const;
   // Drops the claim's fd without unlocking: the parent of a fork() still holds it.
   void ForgetAfterFork();
 

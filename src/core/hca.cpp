@@ -116,17 +116,24 @@ std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
 std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn, bool datagram) {
   std::optional<link::PeerAddr> addr;
   bool self = false;
+  bool same_host = false;  // the peer is in our network namespace: shared memory may reach it
   if (attr.is_global) {
     if (auto f = ParseGid(attr.grh.dgid)) {
-      self = f->port == endpoint_->port() &&
-             (f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end());
+      same_host =
+          f->ip == INADDR_LOOPBACK || std::find(ips_.begin(), ips_.end(), f->ip) != ips_.end();
+      self = same_host && f->port == endpoint_->port();
       addr = link::PeerAddr{f->ip, f->port};
     }
   }
   uint32_t slot = attr.dlid ? attr.dlid : qpn >> kQpIndexBits;
   if (!addr && !self) {
     self = slot == slots_.slot();
-    if (!self) addr = slots_.Lookup(static_cast<uint16_t>(slot));
+    if (!self) {
+      if (auto peer = slots_.Lookup(static_cast<uint16_t>(slot))) {
+        addr = peer->addr;
+        same_host = peer->same_netns;
+      }
+    }
   }
   if (self) {
     SOFTRDMA_LOG("lid %u qpn %#x: this process, in-process link", slot, qpn);
@@ -137,6 +144,12 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
     return nullptr;
   }
   bool udp = datagram && ud_over_udp_;
+  if (same_host && !udp) {
+    if (auto ch = endpoint_->ConnectShm(addr->port)) {
+      SOFTRDMA_LOG("lid %u qpn %#x: shm link to port %u", slot, qpn, addr->port);
+      return ch;
+    }
+  }
   SOFTRDMA_LOG("lid %u qpn %#x: %s link to %u.%u.%u.%u:%u", slot, qpn, udp ? "udp" : "tcp",
                addr->ip >> 24, (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255,
                addr->port);

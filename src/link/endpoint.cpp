@@ -23,7 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/shm_channel.h"
 #include "link/udp_link.h"
 
 namespace softrdma::link {
@@ -35,77 +37,9 @@ constexpr size_t kDirectReadBytes = 16 * 1024;
 constexpr int kFramesPerWakeup = 256;
 constexpr int kIovBatch = 512;
 
-class Pollable {
- public:
-  virtual ~Pollable() = default;
-  virtual void OnEvents(uint32_t events) = 0;
-};
-
 }  // namespace
 
-class TcpChannel;
-
-struct Endpoint::Impl {
-  Impl(FrameSink& s, const NodeId& id) : sink(s), self(id) {}
-  FrameSink& sink;
-  NodeId self;
-  // Every socket lives in `epfd`. The progress thread sleeps on `outer_fd`, which holds `epfd`
-  // itself and the wake eventfd: an application thread polling an empty CQ disarms `epfd` there
-  // for the length of its poll, so frames it is about to handle do not also wake (and preempt)
-  // the progress thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
-  int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1, timer_fd = -1;
-  Pollable* timer_pollable = nullptr;
-  int64_t armed_deadline = INT64_MAX;  // what timer_fd is set to (progress_mu)
-  void RunTimers();
-  std::mutex claim_mu;  // guards claims and the arming of epfd in outer_fd
-  int claims = 0;
-  void Claim();
-  void Release();
-  std::thread thread;
-  std::atomic<bool> stop{false};
-
-  std::mutex mu;  // guards outbound, channels
-  std::map<uint64_t, std::shared_ptr<TcpChannel>> outbound;
-  std::set<std::shared_ptr<TcpChannel>> channels;
-  std::vector<std::shared_ptr<TcpChannel>> graveyard;  // progress thread only
-  // Channels that stopped on their frame budget with frames still in their buffer; served by the
-  // next Dispatch (under progress_mu, like every reader).
-  std::vector<std::shared_ptr<TcpChannel>> rx_pending;
-  void RxPending(std::shared_ptr<TcpChannel> ch) {
-    rx_pending.push_back(std::move(ch));
-    Wake();
-  }
-
-  std::unique_ptr<UdpLink> udp;
-
-  std::mutex loop_mu;  // guards loop_frames
-  std::deque<OutFrame> loop_frames;
-  std::atomic<size_t> loop_frames_pending{0};  // a lock-free hint of loop_frames.size()
-  std::shared_ptr<Channel> loopback;
-
-  // Whoever holds progress_mu handles inbound work: the progress thread after epoll wakes it, or
-  // an application thread that polls an empty CQ (so busy-polling never waits for a wake-up).
-  std::mutex progress_mu;
-  Pollable* wake_pollable = nullptr;
-  // Never freed (the loop may race exit), but held here so that LeakSanitizer sees them reachable:
-  // referenced only from epoll, they were reported as leaks (frame_decoder_fuzz, ASan test runs).
-  Pollable* listen_pollable = nullptr;
-  Pollable* udp_pollable = nullptr;
-  void Loop();
-  int Dispatch(epoll_event* events, int n);
-  bool PollOnce(bool wait);
-  bool PollOnceClaimed();
-  void AcceptAll();
-  int DrainLoopback();
-  void Retire(const std::shared_ptr<TcpChannel>& ch);
-  void Wake() {
-    uint64_t one = 1;
-    ssize_t r = write(wake_fd, &one, sizeof one);
-    (void)r;
-  }
-};
-
-class TcpChannel final : public Channel, public Pollable {
+class TcpChannel final : public ServedChannel {
  public:
   TcpChannel(Endpoint::Impl& ep, int fd, bool connecting)
       : ep_(ep), fd_(fd), connecting_(connecting), rx_(new uint8_t[kRxBufferBytes]) {}
@@ -180,7 +114,7 @@ class TcpChannel final : public Channel, public Pollable {
   }
 
   // Progress thread only.
-  void Close() {
+  void Close() override {
     {
       std::lock_guard<std::mutex> g(tx_mu_);
       if (closed_.load()) return;
@@ -195,21 +129,21 @@ class TcpChannel final : public Channel, public Pollable {
       target_ = RxTarget{};
     }
     ep_.sink.OnChannelClosed(*this);
-    ep_.Retire(std::static_pointer_cast<TcpChannel>(shared_from_this()));
+    ep_.Retire(std::static_pointer_cast<ServedChannel>(shared_from_this()));
   }
 
   int fd() const { return fd_; }
 
   // Frames still waiting for the socket (connecting, or the socket was full).
-  bool TxPending() {
+  bool TxPending() override {
     std::lock_guard<std::mutex> g(tx_mu_);
     return !txq_.empty() && !closed() && !broken_;
   }
 
   // Progress thread (or a claimed poller): handles frames already read into the buffer.
-  void ServeBuffered() { OnReadable(); }
+  void ServeBuffered() override { OnReadable(); }
 
-  void OwnQueuedPayloads() {
+  void OwnQueuedPayloads() override {
     std::lock_guard<std::mutex> g(tx_mu_);
     for (TxItem& t : txq_) t.frame.OwnPayload();
   }
@@ -428,7 +362,7 @@ class TcpChannel final : public Channel, public Pollable {
     // Out of budget with bytes already read: the socket may have nothing more to report, so
     // epoll would not bring us back to them. Ask for another turn.
     if (frames >= kFramesPerWakeup && Buffered() > 0)
-      ep_.RxPending(std::static_pointer_cast<TcpChannel>(shared_from_this()));
+      ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
   }
 
   Endpoint::Impl& ep_;
@@ -518,23 +452,28 @@ void TuneSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-bool Register(int epfd, int fd, Pollable* p, uint32_t events) {
+class ShmListenPollable final : public Pollable {
+ public:
+  explicit ShmListenPollable(Endpoint::Impl& ep) : ep_(ep) {}
+  void OnEvents(uint32_t) override { ep_.AcceptShm(); }
+
+ private:
+  Endpoint::Impl& ep_;
+};
+
+}  // namespace
+
+bool RegisterPollable(int epfd, int fd, Pollable* p, uint32_t events) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = p;
   return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
-}  // namespace
-
-void Endpoint::Impl::Retire(const std::shared_ptr<TcpChannel>& ch) {
+void Endpoint::Impl::Retire(const std::shared_ptr<ServedChannel>& ch) {
   std::lock_guard<std::mutex> g(mu);
-  for (auto it = outbound.begin(); it != outbound.end(); ++it) {
-    if (it->second == ch) {
-      outbound.erase(it);
-      break;
-    }
-  }
+  std::erase_if(outbound, [&](const auto& kv) { return kv.second == ch; });
+  std::erase_if(shm_outbound, [&](const auto& kv) { return kv.second == ch; });
   if (channels.erase(ch)) graveyard.push_back(ch);
 }
 
@@ -548,9 +487,71 @@ void Endpoint::Impl::AcceptAll() {
       std::lock_guard<std::mutex> g(mu);
       channels.insert(ch);
     }
-    Register(epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
+    RegisterPollable(epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
     ch->Start();
   }
+}
+
+void Endpoint::Impl::AcceptShm() {
+  for (int i = 0; i < 64; ++i) {
+    int fd = accept4(shm_listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    auto ch = ShmChannel::Accept(*this, fd);
+    if (!ch) continue;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      channels.insert(ch);
+    }
+    AddShm(ch);
+  }
+}
+
+void Endpoint::Impl::AddShm(const std::shared_ptr<ShmChannel>& ch) {
+  std::lock_guard<std::mutex> g(shm_mu);
+  shm.push_back(ch);
+  shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
+}
+
+void Endpoint::Impl::RemoveShm(const ShmChannel* ch) {
+  std::lock_guard<std::mutex> g(shm_mu);
+  std::erase_if(shm, [&](const auto& c) { return c.get() == ch; });
+  shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
+}
+
+bool Endpoint::Impl::ShmRxReady() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard<std::mutex> g(shm_mu);
+  for (const auto& ch : shm)
+    if (ch->RxReady()) return true;
+  return false;
+}
+
+bool Endpoint::Impl::ShmPrepareSleep() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return true;
+  std::lock_guard<std::mutex> g(shm_mu);
+  bool idle = true;
+  for (const auto& ch : shm) idle = ch->PrepareSleep() && idle;
+  return idle;
+}
+
+void Endpoint::Impl::ShmAwake() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> g(shm_mu);
+  for (const auto& ch : shm) ch->Awake();
+}
+
+// Serves every ring that has records (progress mutex held). The list is copied: serving calls into
+// the core, which may open or close channels.
+int Endpoint::Impl::ServeShm() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return 0;
+  std::vector<std::shared_ptr<ShmChannel>> ready;
+  {
+    std::lock_guard<std::mutex> g(shm_mu);
+    for (const auto& ch : shm)
+      if (ch->RxReady()) ready.push_back(ch);
+  }
+  for (auto& ch : ready) ch->ServeBuffered();
+  return static_cast<int>(ready.size());
 }
 
 int Endpoint::Impl::DrainLoopback() {
@@ -593,13 +594,14 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
     ++handled;
   }
   if (!rx_pending.empty()) {
-    std::vector<std::shared_ptr<TcpChannel>> again;
+    std::vector<std::shared_ptr<ServedChannel>> again;
     again.swap(rx_pending);
     for (auto& ch : again) {
       if (!ch->closed()) ch->ServeBuffered();
       ++handled;
     }
   }
+  handled += ServeShm();
   handled += DrainLoopback();
   sink.OnBatchEnd();
   return handled;
@@ -619,7 +621,26 @@ void Endpoint::Impl::Loop() {
   epoll_event events[64];
   while (!stop.load(std::memory_order_acquire)) {
     epoll_event outer[3];
-    int woke = epoll_wait(outer_fd, outer, 3, -1);
+    // Shared-memory producers ring our doorbell only while we say we sleep. While an application
+    // thread polls (it reads the rings itself), we do not say so: we only look again when its
+    // lease runs out, so that records arriving after its last poll are not left waiting.
+    timespec wait{};
+    timespec* timeout = nullptr;  // indefinitely
+    if (shm_count.load(std::memory_order_relaxed) > 0) {
+      int64_t since = NowNs() - shm_polled_ns.load(std::memory_order_relaxed);
+      if (since < kShmPollLeaseNs) {
+        wait.tv_nsec = kShmPollLeaseNs - since;
+        timeout = &wait;
+      } else {
+        parked.store(true);
+        if (!ShmPrepareSleep()) timeout = &wait;  // records waiting: do not sleep
+      }
+    }
+    int woke = epoll_pwait2(outer_fd, outer, 3, timeout, nullptr);
+    if (parked.load(std::memory_order_relaxed)) {
+      parked.store(false);
+      ShmAwake();
+    }
     std::lock_guard<std::mutex> g(progress_mu);
     for (int i = 0; i < woke; ++i)
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
@@ -649,6 +670,7 @@ void Endpoint::Impl::RunTimers() {
 void Endpoint::Impl::Claim() {
   std::lock_guard<std::mutex> g(claim_mu);
   if (claims++ > 0) return;
+  ShmAwake();  // the poller reads the rings itself: producers need not ring
   epoll_event ev{};
   ev.events = 0;
   ev.data.ptr = nullptr;
@@ -662,9 +684,29 @@ void Endpoint::Impl::Release() {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+  // Records that arrive while an application polls ring no doorbell. The progress thread looks at
+  // the rings when the poller's lease runs out; if it is parked already, it must be asked now.
+  NoteShmPoll();
+}
+
+void Endpoint::Impl::NoteShmPoll() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return;
+  shm_polled_ns.store(NowNs(), std::memory_order_relaxed);
+  if (parked.load() && !ShmPrepareSleep()) Wake();
 }
 
 bool Endpoint::Impl::PollOnce(bool wait) {
+  if (!wait && ShmRxReady()) {
+    // Records in a ring are found without a system call; serve them before asking epoll.
+    if (!progress_mu.try_lock()) return false;
+    int handled = ServeShm();
+    handled += DrainLoopback();
+    sink.OnBatchEnd();
+    RunTimers();
+    progress_mu.unlock();
+    NoteShmPoll();
+    return handled > 0;
+  }
   if (!wait) {
     Claim();
     bool r = PollOnceClaimed();
@@ -743,14 +785,25 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
       new WakePollable(im.wake_fd);  // lives as long as the process: the loop may race exit
   auto* listen = new ListenPollable(im);
   im.wake_pollable = wake;
-  Register(im.outer_fd, im.wake_fd, wake, EPOLLIN);
-  Register(im.outer_fd, im.epfd, nullptr, EPOLLIN);
+  RegisterPollable(im.outer_fd, im.wake_fd, wake, EPOLLIN);
+  RegisterPollable(im.outer_fd, im.epfd, nullptr, EPOLLIN);
   im.timer_pollable = new WakePollable(im.timer_fd);  // reading clears the expiry count
-  Register(im.outer_fd, im.timer_fd, im.timer_pollable, EPOLLIN);
-  Register(im.epfd, im.listen_fd, listen, EPOLLIN);
+  RegisterPollable(im.outer_fd, im.timer_fd, im.timer_pollable, EPOLLIN);
+  RegisterPollable(im.epfd, im.listen_fd, listen, EPOLLIN);
   im.listen_pollable = listen;
   im.udp_pollable = new UdpPollable(*im.udp);
-  Register(im.epfd, im.udp->fd(), im.udp_pollable, EPOLLIN);
+  RegisterPollable(im.epfd, im.udp->fd(), im.udp_pollable, EPOLLIN);
+  // Same-host peers of the same user reach us through shared memory (SOFTRDMA_LINK=tcp: never).
+  const char* link = getenv("SOFTRDMA_LINK");
+  if (!link || std::strcmp(link, "tcp") != 0) {
+    im.shm_listen_fd = ShmChannel::Listen(ep->port_);
+    if (im.shm_listen_fd >= 0) {
+      im.shm_listen_pollable = new ShmListenPollable(im);
+      RegisterPollable(im.epfd, im.shm_listen_fd, im.shm_listen_pollable, EPOLLIN);
+      im.shm_enabled = true;
+    }
+  }
+  im.port = ep->port_;
   im.loopback = std::make_shared<LoopbackChannel>(im, im.self);
   ep->loopback_ = im.loopback;
   im.thread = std::thread([&im] { im.Loop(); });
@@ -777,8 +830,23 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
   auto ch = std::make_shared<TcpChannel>(im, fd, true);
   im.channels.insert(ch);
   im.outbound[Key(peer)] = ch;
-  Register(im.epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
+  RegisterPollable(im.epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
   ch->Start();
+  return ch;
+}
+
+std::shared_ptr<Channel> Endpoint::ConnectShm(uint16_t port) {
+  Impl& im = *impl_;
+  if (!im.shm_enabled) return nullptr;
+  std::lock_guard<std::mutex> g(im.mu);
+  auto it = im.shm_outbound.find(port);
+  if (it != im.shm_outbound.end() && !it->second->closed()) return it->second;
+  auto ch = ShmChannel::Connect(im, port);
+  if (!ch) return nullptr;
+  im.channels.insert(ch);
+  im.shm_outbound[port] = ch;
+  RegisterPollable(im.epfd, ch->fd(), ch.get(), EPOLLIN | EPOLLRDHUP);
+  im.AddShm(ch);
   return ch;
 }
 
@@ -788,7 +856,7 @@ void Endpoint::Wake() {
 
 void Endpoint::SecureQueuedPayloads() {
   Impl& im = *impl_;
-  std::vector<std::shared_ptr<TcpChannel>> all;
+  std::vector<std::shared_ptr<ServedChannel>> all;
   {
     std::lock_guard<std::mutex> g(im.mu);
     all.assign(im.channels.begin(), im.channels.end());
@@ -802,7 +870,7 @@ bool Endpoint::WaitTxIdle(int64_t max_ns) {
   Impl& im = *impl_;
   const int64_t start = NowNs();
   for (;;) {
-    std::vector<std::shared_ptr<TcpChannel>> all;
+    std::vector<std::shared_ptr<ServedChannel>> all;
     {
       std::lock_guard<std::mutex> g(im.mu);
       all.assign(im.channels.begin(), im.channels.end());
@@ -841,6 +909,7 @@ Endpoint::~Endpoint() {
     impl_->channels.clear();
   }
   close(impl_->listen_fd);
+  if (impl_->shm_listen_fd >= 0) close(impl_->shm_listen_fd);
   close(impl_->wake_fd);
   close(impl_->epfd);
   close(impl_->outer_fd);

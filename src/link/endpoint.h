@@ -1,6 +1,7 @@
 // A node's network presence: one TCP listener and one UDP socket on all IPv4 addresses (same
-// port number), outbound connections cached
-// per peer, the in-process loopback channel, and the progress thread that serves them. The thread
+// port number), a Unix listener for shared-memory channels from the same host, outbound
+// connections cached per peer, the in-process loopback channel, and the progress thread that
+// serves them. The thread
 // blocks in epoll and never spins; it is the only reader of inbound frames.
 #pragma once
 
@@ -30,6 +31,10 @@ class Endpoint {
   uint16_t port() const { return port_; }
   // The connection used to reach `peer`; opened on first use, reopened after it closed.
   std::shared_ptr<Channel> Connect(const PeerAddr& peer);
+  // The shared-memory connection to the endpoint on `port` of this network namespace (same host),
+  // opened on first use; nullptr when that endpoint cannot be reached so (another user, or shared
+  // memory is off: SOFTRDMA_LINK=tcp), and the caller uses Connect.
+  std::shared_ptr<Channel> ConnectShm(uint16_t port);
   // Frames sent here go to `peer` as UDP datagrams (same port number as its TCP listener).
   std::shared_ptr<Channel> Datagram(const PeerAddr& peer);
   // Frames sent here come back to this node's own sink.

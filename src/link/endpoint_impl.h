@@ -1,0 +1,130 @@
+// The endpoint's insides, shared by the channel kinds it serves (TCP in endpoint.cpp, shared memory
+// in shm_channel.cpp). Not part of the link interface: nothing outside src/link includes it.
+#pragma once
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "link/endpoint.h"
+#include "link/udp_link.h"
+
+namespace softrdma::link {
+
+class Pollable {
+ public:
+  virtual ~Pollable() = default;
+  virtual void OnEvents(uint32_t events) = 0;
+};
+
+// A connection the endpoint serves: TCP or shared memory.
+class ServedChannel : public Channel, public Pollable {
+ public:
+  // Frames queued and not yet handed to the socket or ring.
+  virtual bool TxPending() = 0;
+  // Copies what queued frames borrow from application memory.
+  virtual void OwnQueuedPayloads() = 0;
+  // Handles inbound frames already at hand (progress mutex held).
+  virtual void ServeBuffered() = 0;
+  // Tears the channel down (progress mutex held).
+  virtual void Close() = 0;
+};
+
+class ShmChannel;
+
+struct Endpoint::Impl {
+  Impl(FrameSink& s, const NodeId& id) : sink(s), self(id) {}
+  FrameSink& sink;
+  NodeId self;
+  uint16_t port = 0;
+  // Every socket lives in `epfd`. The progress thread sleeps on `outer_fd`, which holds `epfd`
+  // itself and the wake eventfd: an application thread polling an empty CQ disarms `epfd` there
+  // for the length of its poll, so frames it is about to handle do not also wake (and preempt)
+  // the progress thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
+  int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1, timer_fd = -1;
+  Pollable* timer_pollable = nullptr;
+  int64_t armed_deadline = INT64_MAX;  // what timer_fd is set to (progress_mu)
+  void RunTimers();
+  std::mutex claim_mu;  // guards claims and the arming of epfd in outer_fd
+  int claims = 0;
+  void Claim();
+  void Release();
+  std::thread thread;
+  std::atomic<bool> stop{false};
+
+  std::mutex mu;  // guards outbound, shm_outbound, channels
+  std::map<uint64_t, std::shared_ptr<ServedChannel>> outbound;      // TCP, by peer IP:port
+  std::map<uint16_t, std::shared_ptr<ServedChannel>> shm_outbound;  // by the peer's port
+  std::set<std::shared_ptr<ServedChannel>> channels;
+  std::vector<std::shared_ptr<ServedChannel>> graveyard;  // progress thread only
+  // Channels that stopped on their frame budget with frames still in their buffer; served by the
+  // next Dispatch (under progress_mu, like every reader).
+  std::vector<std::shared_ptr<ServedChannel>> rx_pending;
+  void RxPending(std::shared_ptr<ServedChannel> ch) {
+    rx_pending.push_back(std::move(ch));
+    Wake();
+  }
+
+  // Shared-memory channels, whose inbound rings are checked without a system call: by a busy
+  // poller before it asks epoll, and by the progress thread before it sleeps.
+  std::mutex shm_mu;
+  std::vector<std::shared_ptr<ShmChannel>> shm;
+  std::atomic<int> shm_count{0};
+  int shm_listen_fd = -1;
+  Pollable* shm_listen_pollable = nullptr;
+  bool shm_enabled = false;
+  void AcceptShm();
+  void AddShm(const std::shared_ptr<ShmChannel>& ch);
+  void RemoveShm(const ShmChannel* ch);
+  bool ShmRxReady();
+  // Asks every shm producer for a doorbell; false when one has data already (do not sleep).
+  bool ShmPrepareSleep();
+  void ShmAwake();
+  int ServeShm();
+  // An application thread polled: the progress thread leaves the rings to pollers for
+  // kShmPollLeaseNs after the last poll, and is parked (sleeping without a deadline) otherwise.
+  static constexpr int64_t kShmPollLeaseNs = 200'000;
+  std::atomic<int64_t> shm_polled_ns{0};
+  std::atomic<bool> parked{false};
+  void NoteShmPoll();
+
+  std::unique_ptr<UdpLink> udp;
+
+  std::mutex loop_mu;  // guards loop_frames
+  std::deque<OutFrame> loop_frames;
+  std::atomic<size_t> loop_frames_pending{0};  // a lock-free hint of loop_frames.size()
+  std::shared_ptr<Channel> loopback;
+
+  // Whoever holds progress_mu handles inbound work: the progress thread after epoll wakes it, or
+  // an application thread that polls an empty CQ (so busy-polling never waits for a wake-up).
+  std::mutex progress_mu;
+  Pollable* wake_pollable = nullptr;
+  // Never freed (the loop may race exit), but held here so that LeakSanitizer sees them reachable:
+  // referenced only from epoll, they were reported as leaks (frame_decoder_fuzz, ASan test runs).
+  Pollable* listen_pollable = nullptr;
+  Pollable* udp_pollable = nullptr;
+  void Loop();
+  int Dispatch(epoll_event* events, int n);
+  bool PollOnce(bool wait);
+  bool PollOnceClaimed();
+  void AcceptAll();
+  int DrainLoopback();
+  void Retire(const std::shared_ptr<ServedChannel>& ch);
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t r = write(wake_fd, &one, sizeof one);
+    (void)r;
+  }
+};
+
+bool RegisterPollable(int epfd, int fd, Pollable* p, uint32_t events);
+
+}  // namespace softrdma::link

@@ -1,0 +1,32 @@
+// Where the next payload byte of an inbound frame goes: walks the RxTarget's segments as bytes
+// arrive in pieces. Bytes beyond the last segment are discarded (the sink asked for no more).
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "link/link.h"
+
+namespace softrdma::link {
+
+struct RxCursor {
+  int seg = 0;
+  size_t off = 0;
+
+  void Deliver(RxTarget& t, const uint8_t* src, size_t n) {
+    while (n > 0 && seg < t.nseg) {
+      iovec& s = t.seg[seg];
+      size_t c = std::min(n, s.iov_len - off);
+      if (c) std::memcpy(static_cast<uint8_t*>(s.iov_base) + off, src, c);
+      src += c;
+      n -= c;
+      off += c;
+      if (off == s.iov_len) {
+        ++seg;
+        off = 0;
+      }
+    }
+  }
+};
+
+}  // namespace softrdma::link

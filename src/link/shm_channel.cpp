@@ -1,0 +1,441 @@
+#include "link/shm_channel.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "link/frame_codec.h"
+
+namespace softrdma::link {
+namespace {
+
+constexpr int kFramesPerWakeup = 256;
+constexpr char kSetupMagic[4] = {'S', 'R', 'S', 'M'};
+constexpr uint8_t kShmVersion = 1;
+constexpr size_t kControlBytes = 4096;  // both rings' control blocks, then the two rings
+static_assert(2 * sizeof(ShmRingControl) <= kControlBytes);
+constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};
+
+// The first message on the Unix socket, with three descriptors: the rings' memfd, the accepting
+// side's doorbell and the connecting side's.
+struct ShmSetup {
+  char magic[4];
+  uint8_t version;
+  uint8_t reserved[3];
+  uint32_t ring_bytes;
+  uint32_t reserved2;
+};
+static_assert(sizeof(ShmSetup) == 16);
+
+sockaddr_un AbstractName(uint16_t port, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  int n = std::snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "softrdma-link-%u", port);
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+bool SameUser(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  return getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid();
+}
+
+// Copies `n` payload bytes starting at `offset` out of a frame's segments.
+void Gather(const OutFrame& f, uint32_t offset, uint8_t* dst, uint32_t n) {
+  for (int i = 0; i < f.nseg && n > 0; ++i) {
+    size_t len = f.seg[i].iov_len;
+    if (offset >= len) {
+      offset -= static_cast<uint32_t>(len);
+      continue;
+    }
+    size_t c = std::min<size_t>(len - offset, n);
+    std::memcpy(dst, static_cast<const uint8_t*>(f.seg[i].iov_base) + offset, c);
+    dst += c;
+    n -= static_cast<uint32_t>(c);
+    offset = 0;
+  }
+}
+
+constexpr uint32_t FrameFixedBytes(uint32_t hdr_len) {
+  return sizeof(ShmRecordHeader) + ShmAlign(hdr_len, 8);
+}
+
+}  // namespace
+
+int ShmChannel::Listen(uint16_t port) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  socklen_t len;
+  sockaddr_un a = AbstractName(port, &len);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 256) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+ShmChannel::ShmChannel(Endpoint::Impl& ep, int sock) : ep_(ep), sock_(sock) {}
+
+ShmChannel::~ShmChannel() {
+  if (map_) munmap(map_, map_len_);
+  for (int fd : {sock_, doorbell_in_, doorbell_out_})
+    if (fd >= 0) close(fd);
+}
+
+bool ShmChannel::MapRings(int memfd, bool connector) {
+  void* m = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (m == MAP_FAILED) return false;
+  map_ = m;
+  map_len_ = kSegmentBytes;
+  auto* base = static_cast<uint8_t*>(m);
+  auto* ctl = reinterpret_cast<ShmRingControl*>(base);
+  uint8_t* ring0 = base + kControlBytes;  // connector → acceptor
+  uint8_t* ring1 = ring0 + kShmRingBytes;
+  if (connector) {
+    tx_ = ShmRingProducer(&ctl[0], ring0);
+    rx_ = ShmRingConsumer(&ctl[1], ring1);
+  } else {
+    tx_ = ShmRingProducer(&ctl[1], ring1);
+    rx_ = ShmRingConsumer(&ctl[0], ring0);
+  }
+  return true;
+}
+
+std::shared_ptr<ShmChannel> ShmChannel::Connect(Endpoint::Impl& ep, uint16_t port) {
+  int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sock < 0) return nullptr;
+  socklen_t alen;
+  sockaddr_un a = AbstractName(port, &alen);
+  if (connect(sock, reinterpret_cast<sockaddr*>(&a), alen) != 0 || !SameUser(sock)) {
+    close(sock);
+    return nullptr;
+  }
+  auto ch = std::make_shared<ShmChannel>(ep, sock);
+  int memfd = memfd_create("softrdma-link", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int bell_peer = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ch->doorbell_in_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ch->doorbell_out_ = bell_peer;
+  bool ok = memfd >= 0 && bell_peer >= 0 && ch->doorbell_in_ >= 0 &&
+            ftruncate(memfd, static_cast<off_t>(kSegmentBytes)) == 0 &&
+            // Sealed so the peer can trust the size it maps: a shrunk memfd would make its reads
+            // fault (SIGBUS).
+            fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0 &&
+            ch->MapRings(memfd, true);
+  if (ok) {
+    auto* ctl = static_cast<ShmRingControl*>(ch->map_);
+    ctl[0].consumer_asleep.store(1);  // the first record rings the doorbell
+    ctl[1].consumer_asleep.store(1);
+    ShmSetup s{};
+    std::memcpy(s.magic, kSetupMagic, 4);
+    s.version = kShmVersion;
+    s.ring_bytes = kShmRingBytes;
+    int fds[3] = {memfd, bell_peer, ch->doorbell_in_};
+    char cbuf[CMSG_SPACE(sizeof fds)] = {};
+    iovec iov{&s, sizeof s};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof cbuf;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+    ok = sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+  }
+  if (memfd >= 0) close(memfd);
+  if (!ok) return nullptr;  // the destructor closes the rest
+  ch->Started();
+  return ch;
+}
+
+std::shared_ptr<ShmChannel> ShmChannel::Accept(Endpoint::Impl& ep, int fd) {
+  if (!SameUser(fd)) {
+    close(fd);
+    return nullptr;
+  }
+  auto ch = std::make_shared<ShmChannel>(ep, fd);
+  RegisterPollable(ep.epfd, fd, ch.get(), EPOLLIN | EPOLLRDHUP);
+  return ch;
+}
+
+// Accepting side: the setup message with the rings and the doorbells.
+bool ShmChannel::ReadSetup() {
+  ShmSetup s{};
+  int fds[3] = {-1, -1, -1};
+  char cbuf[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{&s, sizeof s};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = sizeof cbuf;
+  ssize_t r = recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (r < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // not there yet
+  int nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    nfds = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    std::memcpy(fds, CMSG_DATA(c), sizeof(int) * static_cast<size_t>(std::min(nfds, 3)));
+  }
+  bool ok = r == static_cast<ssize_t>(sizeof s) && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+            nfds == 3 && std::memcmp(s.magic, kSetupMagic, 4) == 0 && s.version == kShmVersion &&
+            s.ring_bytes == kShmRingBytes;
+  if (ok) {
+    struct stat st {};
+    int seals = fcntl(fds[0], F_GET_SEALS);
+    ok = fstat(fds[0], &st) == 0 && static_cast<size_t>(st.st_size) == kSegmentBytes &&
+         seals >= 0 && (seals & F_SEAL_SHRINK) && MapRings(fds[0], false);
+  }
+  if (fds[0] >= 0) close(fds[0]);
+  if (!ok) {
+    for (int i = 1; i < 3; ++i)
+      if (fds[i] >= 0) close(fds[i]);
+    return false;
+  }
+  doorbell_in_ = fds[1];
+  doorbell_out_ = fds[2];
+  Started();
+  return true;
+}
+
+// Both rings mapped: announce ourselves and start listening for the peer's records.
+void ShmChannel::Started() {
+  {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    WriteHelloLocked();
+    PublishLocked();
+  }
+  ready_.store(true, std::memory_order_release);
+  RegisterPollable(ep_.epfd, doorbell_in_, &doorbell_, EPOLLIN);
+}
+
+bool ShmChannel::WriteHelloLocked() {
+  uint32_t bytes = ShmAlign(sizeof(ShmRecordHeader) + kNodeIdBytes, kShmRecordAlign);
+  uint8_t* p = tx_.Reserve(bytes);
+  if (!p) return false;
+  ShmRecordHeader h{bytes, shm_record::kHello, 0, 0, 0, 0, kNodeIdBytes};
+  std::memcpy(p, &h, sizeof h);
+  std::memcpy(p + sizeof h, ep_.self.bytes, kNodeIdBytes);
+  tx_.Commit();
+  hello_sent_ = true;
+  return true;
+}
+
+void ShmChannel::Ring(int fd) {
+  uint64_t one = 1;
+  ssize_t r = write(fd, &one, sizeof one);
+  (void)r;
+}
+
+void ShmChannel::PublishLocked() {
+  if (tx_.Publish()) Ring(doorbell_out_);
+}
+
+void ShmChannel::Send(OutFrame&& f) {
+  std::lock_guard<std::mutex> g(tx_mu_);
+  QueueLocked(std::move(f));
+  FlushLocked();
+}
+
+void ShmChannel::SendPair(OutFrame&& first, OutFrame&& second) {
+  std::lock_guard<std::mutex> g(tx_mu_);
+  QueueLocked(std::move(first));
+  QueueLocked(std::move(second));
+  FlushLocked();
+}
+
+void ShmChannel::QueueLocked(OutFrame&& f) {
+  if (closed()) return;
+  txq_.push_back(TxItem{std::move(f), 0, false});
+}
+
+// Writes as much of the queue as the ring takes; what stays queued gets the doorbell when the peer
+// frees room, and keeps a private copy of the payload if it borrows it.
+void ShmChannel::FlushLocked() {
+  if (!ready_.load(std::memory_order_relaxed)) return;
+  for (;;) {
+    while (!txq_.empty() && WriteLocked(txq_.front())) txq_.pop_front();
+    PublishLocked();
+    if (txq_.empty()) return;
+    if (tx_.WaitForRoom(kShmMaxRecordBytes)) break;
+  }
+  for (TxItem& t : txq_)
+    if (!t.frame.payload_outlives_send) t.frame.OwnPayload();
+}
+
+// One frame into the ring: the frame record (headers and the first payload bytes), then chunks.
+bool ShmChannel::WriteLocked(TxItem& t) {
+  const OutFrame& f = t.frame;
+  if (!t.started) {
+    uint32_t fixed = FrameFixedBytes(f.hdr_len);
+    uint32_t data = std::min(f.payload_len, kShmMaxRecordBytes - fixed);
+    uint32_t bytes = ShmAlign(fixed + data, kShmRecordAlign);
+    uint8_t* p = tx_.Reserve(bytes);
+    if (!p) return false;
+    ShmRecordHeader h{bytes, shm_record::kFrame, f.hdr_len, 0, 0, f.payload_len, data};
+    std::memcpy(p, &h, sizeof h);
+    std::memcpy(p + sizeof h, f.hdr, f.hdr_len);
+    Gather(f, 0, p + fixed, data);
+    tx_.Commit();
+    t.started = true;
+    t.done = data;
+  }
+  while (t.done < f.payload_len) {
+    uint32_t data = std::min(f.payload_len - t.done,
+                             kShmMaxRecordBytes - static_cast<uint32_t>(sizeof(ShmRecordHeader)));
+    uint32_t bytes = ShmAlign(sizeof(ShmRecordHeader) + data, kShmRecordAlign);
+    uint8_t* p = tx_.Reserve(bytes);
+    if (!p) return false;
+    ShmRecordHeader h{bytes, shm_record::kChunk, 0, 0, 0, 0, data};
+    std::memcpy(p, &h, sizeof h);
+    Gather(f, t.done, p + sizeof h, data);
+    tx_.Commit();
+    t.done += data;
+  }
+  return true;
+}
+
+bool ShmChannel::TxPending() {
+  std::lock_guard<std::mutex> g(tx_mu_);
+  return !txq_.empty() && !closed();
+}
+
+void ShmChannel::OwnQueuedPayloads() {
+  std::lock_guard<std::mutex> g(tx_mu_);
+  for (TxItem& t : txq_) t.frame.OwnPayload();
+}
+
+void ShmChannel::OnDoorbell() {
+  uint64_t v;
+  ssize_t r = read(doorbell_in_, &v, sizeof v);
+  (void)r;
+  {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (!txq_.empty()) FlushLocked();
+  }
+  ServeBuffered();
+}
+
+void ShmChannel::OnEvents(uint32_t events) {
+  if (closed()) return;
+  if (!ready_.load(std::memory_order_acquire)) {
+    if (!ReadSetup()) dead_ = true;
+  } else if (events & EPOLLIN) {
+    // After the setup nothing else is sent on the socket (yet): readable means gone or hostile.
+    char b[64];
+    ssize_t r = recv(sock_, b, sizeof b, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+      peer_gone_ = true;
+    else if (r > 0)
+      dead_ = true;
+  }
+  if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) peer_gone_ = true;
+  if (peer_gone_ || dead_) {
+    // Records the peer published before it went are delivered first: its last ACK, say.
+    if (!dead_ && ready_.load(std::memory_order_acquire)) ServeBuffered();
+    Close();
+  }
+}
+
+void ShmChannel::ServeBuffered() {
+  if (!ready_.load(std::memory_order_acquire) || closed()) return;
+  int frames = 0;
+  while (!dead_ && (peer_gone_ || frames < kFramesPerWakeup)) {
+    uint64_t avail = 0;
+    const uint8_t* p = rx_.Peek(&avail);
+    if (!p) break;
+    uint32_t consumed = 0;
+    if (!HandleRecord(p, avail, &consumed)) {
+      dead_ = true;
+      break;
+    }
+    rx_.Consume(consumed);
+    ++frames;
+  }
+  if (rx_.ProducerWaiting()) Ring(doorbell_out_);
+  if (dead_) return Close();
+  if (frames >= kFramesPerWakeup && !rx_.Empty())
+    ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
+}
+
+// Validates and handles one record the peer wrote. False: the peer broke the protocol.
+bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed) {
+  if (avail < sizeof(ShmRecordHeader) || avail > kShmRingBytes) return false;
+  ShmRecordHeader h;
+  std::memcpy(&h, p, sizeof h);  // read once: the peer may be rewriting it
+  if (h.bytes < sizeof h || h.bytes % kShmRecordAlign != 0 || h.bytes > avail) return false;
+  *consumed = h.bytes;
+  if (h.kind == shm_record::kPad) return true;
+  if (h.data_len > h.bytes - sizeof h) return false;
+  if (!hello_done_) {
+    if (h.kind != shm_record::kHello || h.data_len != kNodeIdBytes) return false;
+    std::memcpy(peer_id_.bytes, p + sizeof h, kNodeIdBytes);
+    hello_done_ = true;
+    return true;
+  }
+  if (h.kind == shm_record::kFrame) {
+    if (in_frame_ || h.hdr_len == 0 || h.hdr_len > kMaxHeaderBytes || h.nref != 0 ||
+        h.payload_len > kMaxFramePayload || h.data_len > h.payload_len)
+      return false;
+    uint32_t fixed = FrameFixedBytes(h.hdr_len);
+    if (uint64_t{fixed} + h.data_len > h.bytes) return false;
+    uint8_t hdr[kMaxHeaderBytes];
+    std::memcpy(hdr, p + sizeof h, h.hdr_len);
+    target_ = RxTarget{};
+    cursor_ = RxCursor{};
+    in_frame_ = true;
+    remaining_ = h.payload_len;
+    ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+    cursor_.Deliver(target_, p + fixed, h.data_len);
+    remaining_ -= h.data_len;
+  } else if (h.kind == shm_record::kChunk) {
+    if (!in_frame_ || h.data_len == 0 || h.data_len > remaining_) return false;
+    cursor_.Deliver(target_, p + sizeof h, h.data_len);
+    remaining_ -= h.data_len;
+  } else {
+    return false;
+  }
+  if (remaining_ == 0) EndFrame();
+  return true;
+}
+
+void ShmChannel::EndFrame() {
+  in_frame_ = false;
+  ep_.sink.OnFrameEnd(*this, target_);
+  target_ = RxTarget{};
+}
+
+void ShmChannel::Close() {
+  {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (closed_.load()) return;
+    closed_.store(true, std::memory_order_release);
+    epoll_ctl(ep_.epfd, EPOLL_CTL_DEL, sock_, nullptr);
+    if (doorbell_in_ >= 0) epoll_ctl(ep_.epfd, EPOLL_CTL_DEL, doorbell_in_, nullptr);
+    shutdown(sock_, SHUT_RDWR);
+    txq_.clear();
+  }
+  if (in_frame_) {
+    in_frame_ = false;
+    ep_.sink.OnFrameAbort(*this, target_);
+    target_ = RxTarget{};
+  }
+  ep_.sink.OnChannelClosed(*this);
+  auto self = std::static_pointer_cast<ShmChannel>(shared_from_this());
+  ep_.RemoveShm(this);
+  ep_.Retire(self);
+}
+
+}  // namespace softrdma::link

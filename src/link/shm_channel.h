@@ -1,0 +1,106 @@
+// The same-host link: a channel between two processes of one user in one network namespace,
+// carried by two shared-memory rings (one per direction) instead of a socket. A Unix socket in the
+// abstract namespace, named after the endpoint's TCP port, opens it: the connecting side creates
+// the rings in a sealed memfd and passes it with two eventfds (each side's doorbell); the socket
+// then stays open to carry more file descriptors and to tell each side when the other is gone.
+// See docs/architecture.md, "Same-host link".
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <deque>
+
+#include "link/endpoint_impl.h"
+#include "link/rx_cursor.h"
+#include "link/shm_ring.h"
+
+namespace softrdma::link {
+
+class ShmChannel final : public ServedChannel {
+ public:
+  // The abstract Unix listener of the endpoint on `port`; -1 when it cannot be made.
+  static int Listen(uint16_t port);
+  // Opens a channel to the endpoint on `port` of this network namespace, or nullptr when there is
+  // none or it belongs to another user (the caller then uses TCP).
+  static std::shared_ptr<ShmChannel> Connect(Endpoint::Impl& ep, uint16_t port);
+  // Takes a connection accepted on the listener; the rings arrive on it.
+  static std::shared_ptr<ShmChannel> Accept(Endpoint::Impl& ep, int fd);
+
+  ShmChannel(Endpoint::Impl& ep, int sock);
+  ~ShmChannel() override;
+
+  void Send(OutFrame&& f) override;
+  void SendPair(OutFrame&& first, OutFrame&& second) override;
+  bool closed() const override { return closed_.load(std::memory_order_acquire); }
+  bool is_loopback() const override { return false; }
+  void Abort() override { dead_ = true; }
+
+  int fd() const { return sock_; }
+  void OnEvents(uint32_t events) override;  // the Unix socket
+  bool TxPending() override;
+  void OwnQueuedPayloads() override;
+  void ServeBuffered() override;
+  void Close() override;
+
+  // Lock-free: whether the inbound ring has records.
+  bool RxReady() const { return ready_.load(std::memory_order_acquire) && !rx_.Empty(); }
+  bool PrepareSleep() { return !ready_.load(std::memory_order_acquire) || rx_.PrepareSleep(); }
+  void Awake() {
+    if (ready_.load(std::memory_order_acquire)) rx_.Awake();
+  }
+
+ private:
+  struct TxItem {
+    OutFrame frame;
+    uint32_t done = 0;  // payload bytes already in the ring
+    bool started = false;
+  };
+  class Doorbell final : public Pollable {
+   public:
+    explicit Doorbell(ShmChannel& ch) : ch_(ch) {}
+    void OnEvents(uint32_t) override { ch_.OnDoorbell(); }
+
+   private:
+    ShmChannel& ch_;
+  };
+
+  bool MapRings(int memfd, bool connector);
+  bool ReadSetup();
+  void Started();
+  void OnDoorbell();
+  void Ring(int fd);
+  void QueueLocked(OutFrame&& f);
+  void FlushLocked();
+  bool WriteLocked(TxItem& t);
+  void PublishLocked();
+  bool WriteHelloLocked();
+  bool HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed);
+  void EndFrame();
+
+  Endpoint::Impl& ep_;
+  int sock_;
+  int doorbell_in_ = -1;   // ours: rung when our inbound ring has data or our outbound has room
+  int doorbell_out_ = -1;  // the peer's
+  void* map_ = nullptr;
+  size_t map_len_ = 0;
+  Doorbell doorbell_{*this};
+  std::atomic<bool> ready_{false};  // rings mapped
+  std::atomic<bool> closed_{false};
+
+  std::mutex tx_mu_;  // guards tx_ and txq_
+  ShmRingProducer tx_;
+  std::deque<TxItem> txq_;
+  bool hello_sent_ = false;
+
+  // Receive state: progress mutex.
+  ShmRingConsumer rx_;
+  bool hello_done_ = false;
+  bool dead_ = false;
+  bool peer_gone_ = false;
+  bool in_frame_ = false;
+  RxTarget target_;
+  RxCursor cursor_;
+  uint64_t remaining_ = 0;
+};
+
+}  // namespace softrdma::link

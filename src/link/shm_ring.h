@@ -1,0 +1,173 @@
+// One direction of a shared-memory channel: a single-producer single-consumer ring of records in
+// memory both processes map. The producer and the consumer live in different processes, and the
+// producer may be hostile, so the consumer trusts nothing it reads here beyond what it validates
+// (see ShmChannel), and never lets a record wrap: a record that would cross the end is preceded by
+// a pad record filling the rest of the ring.
+//
+// Sleeping and waking (the doorbell is an eventfd of the sleeping side):
+//   consumer about to sleep: asleep = 1; fence; re-check the ring; sleep only if it is empty.
+//   producer after publishing: fence; if asleep: asleep = 0 and ring the doorbell.
+// Each side stores, fences, then loads what the other stored, so at least one of them sees the
+// other (no lost wake-up), and a consumer that is awake costs the producer no system call. The
+// same protocol, mirrored, wakes a producer waiting for room.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace softrdma::link {
+
+constexpr uint32_t kShmRecordAlign = 64;            // a record starts on its own cache line
+constexpr uint32_t kShmRingBytes = 1u << 20;        // per direction
+constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in records this big
+
+struct alignas(64) ShmRingControl {
+  std::atomic<uint64_t> tail;  // bytes published (producer)
+  char pad0[56];
+  std::atomic<uint64_t> head;  // bytes consumed (consumer)
+  char pad1[56];
+  std::atomic<uint32_t> consumer_asleep;   // the consumer wants the doorbell when data arrives
+  std::atomic<uint32_t> producer_blocked;  // the producer wants the doorbell when room frees
+  char pad2[56];
+};
+static_assert(sizeof(ShmRingControl) == 192);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+namespace shm_record {
+constexpr uint8_t kPad = 0;
+constexpr uint8_t kHello = 1;  // data: the sender's NodeId
+constexpr uint8_t kFrame = 2;  // the IB headers, then refs or the first inline payload bytes
+constexpr uint8_t kChunk = 3;  // more inline payload of the frame in progress
+}  // namespace shm_record
+
+// Every record starts with this header. Layout of a frame record: header, IB headers padded to
+// 8 bytes, `nref` ShmPayloadRefs, then `data_len` inline payload bytes.
+struct ShmRecordHeader {
+  uint32_t bytes;   // whole record, a multiple of kShmRecordAlign
+  uint8_t kind;     // shm_record::k*
+  uint8_t hdr_len;  // kFrame: IB header bytes
+  uint8_t nref;     // kFrame: payload pieces in the sender's shared segments
+  uint8_t reserved;
+  uint32_t payload_len;  // kFrame: the frame's whole payload
+  uint32_t data_len;     // inline payload bytes in this record
+};
+static_assert(sizeof(ShmRecordHeader) == 16);
+
+// A payload piece the receiver copies straight out of a segment of the sender's registered memory.
+struct ShmPayloadRef {
+  uint32_t segment;
+  uint32_t reserved;
+  uint64_t offset;
+  uint64_t len;
+};
+static_assert(sizeof(ShmPayloadRef) == 24);
+
+constexpr uint32_t ShmAlign(uint64_t n, uint32_t to) {
+  return static_cast<uint32_t>((n + to - 1) / to * to);
+}
+
+// The producer's view. Not thread-safe: the channel's tx lock serialises it.
+class ShmRingProducer {
+ public:
+  ShmRingProducer() = default;
+  ShmRingProducer(ShmRingControl* c, uint8_t* data) : c_(c), data_(data) {
+    tail_ = c->tail.load(std::memory_order_relaxed);
+  }
+  // Room for a record of `bytes` (aligned), contiguous; nullptr when the ring is too full. Writes a
+  // pad record first when the record would cross the end.
+  uint8_t* Reserve(uint32_t bytes) {
+    uint64_t head = c_->head.load(std::memory_order_acquire);
+    uint32_t at = static_cast<uint32_t>(tail_ % kShmRingBytes);
+    uint32_t to_end = kShmRingBytes - at;
+    uint64_t need = bytes <= to_end ? bytes : uint64_t{to_end} + bytes;
+    if (tail_ + need - head > kShmRingBytes) return nullptr;
+    if (bytes > to_end) {
+      auto* pad = reinterpret_cast<ShmRecordHeader*>(data_ + at);
+      *pad = ShmRecordHeader{to_end, shm_record::kPad, 0, 0, 0, 0, 0};
+      tail_ += to_end;
+      at = 0;
+    }
+    reserved_ = bytes;
+    return data_ + at;
+  }
+  // Makes the reserved record visible to the consumer (after Publish).
+  void Commit() {
+    tail_ += reserved_;
+    reserved_ = 0;
+  }
+  // Publishes committed records. True when the consumer sleeps and must be woken.
+  bool Publish() {
+    c_->tail.store(tail_, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return c_->consumer_asleep.load(std::memory_order_relaxed) != 0 &&
+           c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
+  }
+  // Asks for the doorbell when room frees. False when room freed meanwhile (try again now).
+  bool WaitForRoom(uint32_t bytes) {
+    c_->producer_blocked.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    uint64_t head = c_->head.load(std::memory_order_acquire);
+    if (tail_ + uint64_t{bytes} * 2 - head <= kShmRingBytes) {
+      c_->producer_blocked.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+  bool Drained() const { return c_->head.load(std::memory_order_acquire) == tail_; }
+
+ private:
+  ShmRingControl* c_ = nullptr;
+  uint8_t* data_ = nullptr;
+  uint64_t tail_ = 0;
+  uint32_t reserved_ = 0;
+};
+
+// The consumer's view. Callers hold the endpoint's progress mutex.
+class ShmRingConsumer {
+ public:
+  ShmRingConsumer() = default;
+  ShmRingConsumer(ShmRingControl* c, const uint8_t* data) : c_(c), data_(data) {
+    head_ = c->head.load(std::memory_order_relaxed);
+  }
+  bool Empty() const { return c_->tail.load(std::memory_order_acquire) == head_; }
+  // The next record's bytes (contiguous: records never wrap) and how many are published from
+  // there to the end of the ring; nullptr when the ring is empty. A tail the producer moved
+  // backwards or beyond the ring reads as `*avail` > ring size, which the caller rejects.
+  const uint8_t* Peek(uint64_t* avail) const {
+    uint64_t tail = c_->tail.load(std::memory_order_acquire);
+    if (tail == head_) return nullptr;
+    uint32_t at = static_cast<uint32_t>(head_ % kShmRingBytes);
+    uint64_t published = tail - head_;
+    uint64_t to_end = kShmRingBytes - at;
+    *avail = published > kShmRingBytes ? published : (published < to_end ? published : to_end);
+    return data_ + at;
+  }
+  void Consume(uint32_t bytes) {
+    head_ += bytes;
+    c_->head.store(head_, std::memory_order_release);
+  }
+  // After a batch: true when the producer waits for room and must be woken.
+  bool ProducerWaiting() const {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return c_->producer_blocked.load(std::memory_order_relaxed) != 0 &&
+           c_->producer_blocked.exchange(0, std::memory_order_relaxed) != 0;
+  }
+  // Before sleeping: false when data arrived meanwhile (do not sleep).
+  bool PrepareSleep() {
+    c_->consumer_asleep.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return Empty();
+  }
+  void Awake() {
+    if (c_->consumer_asleep.load(std::memory_order_relaxed))
+      c_->consumer_asleep.store(0, std::memory_order_relaxed);
+  }
+
+ private:
+  ShmRingControl* c_ = nullptr;
+  const uint8_t* data_ = nullptr;
+  uint64_t head_ = 0;
+};
+
+}  // namespace softrdma::link
