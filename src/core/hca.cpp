@@ -11,6 +11,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/qp_internal.h"
+#include "link/shared_memory.h"
 
 namespace softrdma::core {
 namespace {
@@ -50,6 +51,8 @@ void Hca::ForkChild() {
 }
 
 void Hca::AbandonAfterFork() {
+  // Registered memory the parent shares with its peers becomes the child's own copy.
+  link::SharedMemory::Get().AfterForkInChild();
   if (endpoint_) endpoint_.release()->Abandon();
   slots_.ForgetAfterFork();
   mcast_.ForgetAfterFork();

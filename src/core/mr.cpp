@@ -3,6 +3,8 @@
 #include <mutex>
 #include <random>
 
+#include "link/shared_memory.h"
+
 namespace softrdma::core {
 namespace {
 
@@ -14,6 +16,8 @@ uint32_t RandomKey() {
 }  // namespace
 
 uint32_t MrTable::Insert(const Mr& mr) {
+  // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
+  link::SharedMemory::Get().Share(mr.addr, mr.length);
   std::unique_lock<std::shared_mutex> g(mu_);
   for (;;) {
     uint32_t key = RandomKey();
@@ -26,16 +30,34 @@ uint32_t MrTable::Insert(const Mr& mr) {
 }
 
 bool MrTable::Remove(uint32_t key) {
-  std::unique_lock<std::shared_mutex> g(mu_);
-  return by_key_.erase(key) == 1;
+  Mr old;
+  {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return false;
+    old = it->second;
+    by_key_.erase(it);
+  }
+  link::SharedMemory::Get().Unshare(old.addr, old.length);
+  return true;
 }
 
 bool MrTable::Update(uint32_t key, const Mr& mr) {
-  std::unique_lock<std::shared_mutex> g(mu_);
-  auto it = by_key_.find(key);
-  if (it == by_key_.end()) return false;
-  it->second = mr;
-  it->second.key = key;
+  link::SharedMemory::Get().Share(mr.addr, mr.length);
+  Mr old;
+  {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) {
+      g.unlock();
+      link::SharedMemory::Get().Unshare(mr.addr, mr.length);
+      return false;
+    }
+    old = it->second;
+    it->second = mr;
+    it->second.key = key;
+  }
+  link::SharedMemory::Get().Unshare(old.addr, old.length);
   return true;
 }
 

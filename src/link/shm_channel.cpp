@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "link/frame_codec.h"
+#include "link/shared_memory.h"
 
 namespace softrdma::link {
 namespace {
@@ -25,16 +26,81 @@ constexpr size_t kControlBytes = 4096;  // both rings' control blocks, then the 
 static_assert(2 * sizeof(ShmRingControl) <= kControlBytes);
 constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};
 
-// The first message on the Unix socket, with three descriptors: the rings' memfd, the accepting
-// side's doorbell and the connecting side's.
+// Payloads at least this large travel by reference when their memory is in the arena.
+constexpr uint32_t kRefMinBytes = 4096;
+
+// Messages on the Unix socket. kSetup comes first, with three descriptors: the rings' memfd, the
+// accepting side's doorbell and the connecting side's. kArena carries a read-only descriptor of
+// the sender's arena, sent before the first record that refers to it.
+constexpr uint8_t kSetup = 0;
+constexpr uint8_t kArena = 1;
 struct ShmSetup {
   char magic[4];
   uint8_t version;
-  uint8_t reserved[3];
+  uint8_t kind;
+  uint8_t reserved[2];
   uint32_t ring_bytes;
   uint32_t reserved2;
 };
 static_assert(sizeof(ShmSetup) == 16);
+
+bool SendWithFds(int sock, const ShmSetup& s, const int* fds, int nfds) {
+  char cbuf[CMSG_SPACE(3 * sizeof(int))] = {};
+  iovec iov{const_cast<ShmSetup*>(&s), sizeof s};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * static_cast<size_t>(nfds));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * static_cast<size_t>(nfds));
+  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * static_cast<size_t>(nfds));
+  return sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+}
+
+// Receives one message and up to three descriptors (more are closed). Returns what recvmsg
+// returned, or -2 for a message that is not ours (wrong size, truncated, bad magic or version).
+ssize_t ReceiveWithFds(int sock, ShmSetup* s, int* fds, int* nfds) {
+  char cbuf[CMSG_SPACE(4 * sizeof(int))] = {};
+  iovec iov{s, sizeof *s};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = sizeof cbuf;
+  ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  *nfds = 0;
+  if (r >= 0) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + sizeof(int) * i, sizeof fd);
+        if (*nfds < 3) {
+          fds[(*nfds)++] = fd;
+        } else {
+          close(fd);
+        }
+      }
+    }
+  }
+  if (r <= 0) return r;
+  if (r != static_cast<ssize_t>(sizeof *s) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+      std::memcmp(s->magic, kSetupMagic, 4) != 0 || s->version != kShmVersion)
+    return -2;
+  return r;
+}
+
+bool SealedAgainstShrinking(int fd, size_t* size) {
+  struct stat st {};
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK)) return false;
+  *size = static_cast<size_t>(st.st_size);
+  return true;
+}
 
 sockaddr_un AbstractName(uint16_t port, socklen_t* len) {
   sockaddr_un a{};
@@ -88,7 +154,8 @@ ShmChannel::ShmChannel(Endpoint::Impl& ep, int sock) : ep_(ep), sock_(sock) {}
 
 ShmChannel::~ShmChannel() {
   if (map_) munmap(map_, map_len_);
-  for (int fd : {sock_, doorbell_in_, doorbell_out_})
+  if (peer_arena_) munmap(const_cast<uint8_t*>(peer_arena_), peer_arena_len_);
+  for (int fd : {sock_, doorbell_in_, doorbell_out_, peer_arena_fd_})
     if (fd >= 0) close(fd);
 }
 
@@ -138,21 +205,10 @@ std::shared_ptr<ShmChannel> ShmChannel::Connect(Endpoint::Impl& ep, uint16_t por
     ShmSetup s{};
     std::memcpy(s.magic, kSetupMagic, 4);
     s.version = kShmVersion;
+    s.kind = kSetup;
     s.ring_bytes = kShmRingBytes;
     int fds[3] = {memfd, bell_peer, ch->doorbell_in_};
-    char cbuf[CMSG_SPACE(sizeof fds)] = {};
-    iovec iov{&s, sizeof s};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof cbuf;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-    ok = sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+    ok = SendWithFds(sock, s, fds, 3);
   }
   if (memfd >= 0) close(memfd);
   if (!ok) return nullptr;  // the destructor closes the rest
@@ -174,39 +230,59 @@ std::shared_ptr<ShmChannel> ShmChannel::Accept(Endpoint::Impl& ep, int fd) {
 bool ShmChannel::ReadSetup() {
   ShmSetup s{};
   int fds[3] = {-1, -1, -1};
-  char cbuf[CMSG_SPACE(sizeof fds)] = {};
-  iovec iov{&s, sizeof s};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = cbuf;
-  msg.msg_controllen = sizeof cbuf;
-  ssize_t r = recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (r < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // not there yet
   int nfds = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    nfds = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    std::memcpy(fds, CMSG_DATA(c), sizeof(int) * static_cast<size_t>(std::min(nfds, 3)));
-  }
-  bool ok = r == static_cast<ssize_t>(sizeof s) && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-            nfds == 3 && std::memcmp(s.magic, kSetupMagic, 4) == 0 && s.version == kShmVersion &&
-            s.ring_bytes == kShmRingBytes;
-  if (ok) {
-    struct stat st {};
-    int seals = fcntl(fds[0], F_GET_SEALS);
-    ok = fstat(fds[0], &st) == 0 && static_cast<size_t>(st.st_size) == kSegmentBytes &&
-         seals >= 0 && (seals & F_SEAL_SHRINK) && MapRings(fds[0], false);
-  }
-  if (fds[0] >= 0) close(fds[0]);
+  ssize_t r = ReceiveWithFds(sock_, &s, fds, &nfds);
+  if (r == -1 && (errno == EAGAIN || errno == EINTR)) return true;  // not there yet
+  size_t size = 0;
+  bool ok = r > 0 && s.kind == kSetup && nfds == 3 && s.ring_bytes == kShmRingBytes &&
+            SealedAgainstShrinking(fds[0], &size) && size == kSegmentBytes &&
+            MapRings(fds[0], false);
+  if (nfds > 0) close(fds[0]);
   if (!ok) {
-    for (int i = 1; i < 3; ++i)
-      if (fds[i] >= 0) close(fds[i]);
+    for (int i = 1; i < nfds; ++i) close(fds[i]);
     return false;
   }
   doorbell_in_ = fds[1];
   doorbell_out_ = fds[2];
   Started();
+  return true;
+}
+
+// Later messages: the peer's arena. False when the peer broke the protocol.
+bool ShmChannel::ReadControl() {
+  ShmSetup s{};
+  int fds[3] = {-1, -1, -1};
+  int nfds = 0;
+  ssize_t r = ReceiveWithFds(sock_, &s, fds, &nfds);
+  if (r == -1 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (r == 0 || r == -1) {
+    peer_gone_ = true;
+    return true;
+  }
+  bool ok = r > 0 && s.kind == kArena && nfds == 1 && peer_arena_fd_ < 0;
+  if (ok) {
+    peer_arena_fd_ = fds[0];
+    ok = MapPeerArena(0);
+  } else {
+    for (int i = 0; i < nfds; ++i) close(fds[i]);
+  }
+  return ok;
+}
+
+// Maps the peer's arena, again if it grew; false when it does not reach `need` bytes or is not
+// sealed against shrinking (a shrunk file would fault our reads).
+bool ShmChannel::MapPeerArena(uint64_t need) {
+  size_t size = 0;
+  if (peer_arena_fd_ < 0 || !SealedAgainstShrinking(peer_arena_fd_, &size)) return false;
+  if (size < need) return false;
+  if (size <= peer_arena_len_) return true;
+  if (peer_arena_) munmap(const_cast<uint8_t*>(peer_arena_), peer_arena_len_);
+  peer_arena_ = nullptr;
+  peer_arena_len_ = 0;
+  void* m = mmap(nullptr, size, PROT_READ, MAP_SHARED, peer_arena_fd_, 0);
+  if (m == MAP_FAILED) return false;
+  peer_arena_ = static_cast<const uint8_t*>(m);
+  peer_arena_len_ = size;
   return true;
 }
 
@@ -278,6 +354,10 @@ void ShmChannel::FlushLocked() {
 // One frame into the ring: the frame record (headers and the first payload bytes), then chunks.
 bool ShmChannel::WriteLocked(TxItem& t) {
   const OutFrame& f = t.frame;
+  if (!t.started && f.payload_outlives_send && f.payload_len >= kRefMinBytes) {
+    RefWrite r = WriteByReferenceLocked(t);
+    if (r != RefWrite::kInline) return r == RefWrite::kWritten;
+  }
   if (!t.started) {
     uint32_t fixed = FrameFixedBytes(f.hdr_len);
     uint32_t data = std::min(f.payload_len, kShmMaxRecordBytes - fixed);
@@ -307,6 +387,71 @@ bool ShmChannel::WriteLocked(TxItem& t) {
   return true;
 }
 
+// A frame whose payload is (mostly) in our arena: one record naming where each piece is. The
+// payload must stay as it is until the peer answers the frame, which payload_outlives_send
+// promises (an RC request waits for its ACK; a read response comes from registered memory).
+ShmChannel::RefWrite ShmChannel::WriteByReferenceLocked(TxItem& t) {
+  const OutFrame& f = t.frame;
+  ShmPayloadRef refs[kShmMaxRefs];
+  int nref = 0;
+  uint32_t inline_bytes = 0;
+  bool any_shared = false;
+  SharedMemory& mem = SharedMemory::Get();
+  for (int i = 0; i < f.nseg; ++i) {
+    const auto* p = static_cast<const uint8_t*>(f.seg[i].iov_base);
+    size_t n = f.seg[i].iov_len;
+    while (n > 0) {
+      if (nref == kShmMaxRefs) return RefWrite::kInline;
+      SharedMemory::Piece piece = mem.Find(p, n);
+      if (piece.shared) {
+        refs[nref++] = ShmPayloadRef{kShmArenaSegment, 0, piece.offset, piece.len};
+        any_shared = true;
+      } else {
+        refs[nref++] = ShmPayloadRef{kShmInlineSegment, 0, 0, piece.len};
+        inline_bytes += static_cast<uint32_t>(piece.len);
+      }
+      p += piece.len;
+      n -= piece.len;
+    }
+  }
+  uint32_t fixed = FrameFixedBytes(f.hdr_len) + static_cast<uint32_t>(nref * sizeof(ShmPayloadRef));
+  if (!any_shared || uint64_t{fixed} + inline_bytes > kShmMaxRecordBytes) return RefWrite::kInline;
+  if (!arena_sent_ && !SendArenaLocked()) return RefWrite::kInline;
+  uint32_t bytes = ShmAlign(fixed + inline_bytes, kShmRecordAlign);
+  uint8_t* rec = tx_.Reserve(bytes);
+  if (!rec) return RefWrite::kNoRoom;
+  ShmRecordHeader h{bytes, shm_record::kFrame, f.hdr_len,   static_cast<uint8_t>(nref),
+                    0,     f.payload_len,      inline_bytes};
+  std::memcpy(rec, &h, sizeof h);
+  std::memcpy(rec + sizeof h, f.hdr, f.hdr_len);
+  uint8_t* at = rec + FrameFixedBytes(f.hdr_len);
+  std::memcpy(at, refs, static_cast<size_t>(nref) * sizeof(ShmPayloadRef));
+  at += static_cast<size_t>(nref) * sizeof(ShmPayloadRef);
+  uint32_t offset = 0;
+  for (int i = 0; i < nref; ++i) {
+    if (refs[i].segment == kShmInlineSegment) {
+      Gather(f, offset, at, static_cast<uint32_t>(refs[i].len));
+      at += refs[i].len;
+    }
+    offset += static_cast<uint32_t>(refs[i].len);
+  }
+  tx_.Commit();
+  t.started = true;
+  t.done = f.payload_len;
+  return RefWrite::kWritten;
+}
+
+bool ShmChannel::SendArenaLocked() {
+  int fd = SharedMemory::Get().PeerFd();
+  if (fd < 0) return false;
+  ShmSetup s{};
+  std::memcpy(s.magic, kSetupMagic, 4);
+  s.version = kShmVersion;
+  s.kind = kArena;
+  arena_sent_ = SendWithFds(sock_, s, &fd, 1);
+  return arena_sent_;
+}
+
 bool ShmChannel::TxPending() {
   std::lock_guard<std::mutex> g(tx_mu_);
   return !txq_.empty() && !closed();
@@ -332,14 +477,8 @@ void ShmChannel::OnEvents(uint32_t events) {
   if (closed()) return;
   if (!ready_.load(std::memory_order_acquire)) {
     if (!ReadSetup()) dead_ = true;
-  } else if (events & EPOLLIN) {
-    // After the setup nothing else is sent on the socket (yet): readable means gone or hostile.
-    char b[64];
-    ssize_t r = recv(sock_, b, sizeof b, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-      peer_gone_ = true;
-    else if (r > 0)
-      dead_ = true;
+  } else if ((events & EPOLLIN) && !ReadControl()) {
+    dead_ = true;
   }
   if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) peer_gone_ = true;
   if (peer_gone_ || dead_) {
@@ -386,11 +525,12 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
     return true;
   }
   if (h.kind == shm_record::kFrame) {
-    if (in_frame_ || h.hdr_len == 0 || h.hdr_len > kMaxHeaderBytes || h.nref != 0 ||
+    if (in_frame_ || h.hdr_len == 0 || h.hdr_len > kMaxHeaderBytes || h.nref > kShmMaxRefs ||
         h.payload_len > kMaxFramePayload || h.data_len > h.payload_len)
       return false;
     uint32_t fixed = FrameFixedBytes(h.hdr_len);
-    if (uint64_t{fixed} + h.data_len > h.bytes) return false;
+    if (uint64_t{fixed} + h.nref * sizeof(ShmPayloadRef) + h.data_len > h.bytes) return false;
+    if (h.nref > 0) return DeliverRefs(p, h, fixed);
     uint8_t hdr[kMaxHeaderBytes];
     std::memcpy(hdr, p + sizeof h, h.hdr_len);
     target_ = RxTarget{};
@@ -408,6 +548,51 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
     return false;
   }
   if (remaining_ == 0) EndFrame();
+  return true;
+}
+
+// A frame record with payload references: every piece is checked before the frame is handed to
+// the sink, then copied straight from the peer's arena (or the record) into its destination.
+bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed) {
+  ShmPayloadRef refs[kShmMaxRefs];
+  std::memcpy(refs, p + fixed, h.nref * sizeof(ShmPayloadRef));
+  uint64_t total = 0, inline_total = 0, arena_end = 0;
+  for (int i = 0; i < h.nref; ++i) {
+    const ShmPayloadRef& r = refs[i];
+    if (r.len > kMaxFramePayload) return false;
+    total += r.len;
+    if (r.segment == kShmInlineSegment) {
+      inline_total += r.len;
+    } else if (r.segment == kShmArenaSegment) {
+      if (r.offset > UINT64_MAX - r.len) return false;
+      arena_end = std::max(arena_end, r.offset + r.len);
+    } else {
+      return false;
+    }
+  }
+  if (total != h.payload_len || inline_total != h.data_len) return false;
+  if (arena_end > peer_arena_len_) {
+    // The arena's descriptor was sent before this record: read it now if it is still queued.
+    if (peer_arena_fd_ < 0 && !ReadControl()) return false;
+    if (!MapPeerArena(arena_end)) return false;
+  }
+  uint8_t hdr[kMaxHeaderBytes];
+  std::memcpy(hdr, p + sizeof h, h.hdr_len);
+  target_ = RxTarget{};
+  cursor_ = RxCursor{};
+  in_frame_ = true;
+  remaining_ = 0;
+  ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+  const uint8_t* data = p + fixed + h.nref * sizeof(ShmPayloadRef);
+  for (int i = 0; i < h.nref; ++i) {
+    if (refs[i].segment == kShmInlineSegment) {
+      cursor_.Deliver(target_, data, refs[i].len);
+      data += refs[i].len;
+    } else {
+      cursor_.Deliver(target_, peer_arena_ + refs[i].offset, refs[i].len);
+    }
+  }
+  EndFrame();
   return true;
 }
 

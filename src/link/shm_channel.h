@@ -64,6 +64,12 @@ class ShmChannel final : public ServedChannel {
     ShmChannel& ch_;
   };
 
+  enum class RefWrite { kWritten, kNoRoom, kInline };
+  RefWrite WriteByReferenceLocked(TxItem& t);
+  bool SendArenaLocked();
+  bool ReadControl();
+  bool MapPeerArena(uint64_t need);
+  bool DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed);
   bool MapRings(int memfd, bool connector);
   bool ReadSetup();
   void Started();
@@ -91,6 +97,7 @@ class ShmChannel final : public ServedChannel {
   ShmRingProducer tx_;
   std::deque<TxItem> txq_;
   bool hello_sent_ = false;
+  bool arena_sent_ = false;  // our arena's descriptor went to the peer
 
   // Receive state: progress mutex.
   ShmRingConsumer rx_;
@@ -101,6 +108,9 @@ class ShmChannel final : public ServedChannel {
   RxTarget target_;
   RxCursor cursor_;
   uint64_t remaining_ = 0;
+  int peer_arena_fd_ = -1;  // the peer's registered memory, read-only
+  const uint8_t* peer_arena_ = nullptr;
+  size_t peer_arena_len_ = 0;
 };
 
 }  // namespace softrdma::link

@@ -54,7 +54,11 @@ struct ShmRecordHeader {
 };
 static_assert(sizeof(ShmRecordHeader) == 16);
 
-// A payload piece the receiver copies straight out of a segment of the sender's registered memory.
+// A piece of a frame's payload: bytes the receiver copies straight out of the sender's arena of
+// registered memory, or the next bytes of the record's inline data.
+constexpr uint32_t kShmArenaSegment = 1;
+constexpr uint32_t kShmInlineSegment = 2;
+constexpr uint8_t kShmMaxRefs = 32;
 struct ShmPayloadRef {
   uint32_t segment;
   uint32_t reserved;

@@ -1,0 +1,231 @@
+#include "link/shared_memory.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+namespace softrdma::link {
+namespace {
+
+size_t PageBytes() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// One line of /proc/self/maps.
+struct Mapping {
+  uintptr_t start, end;
+  char perms[5];
+  uint64_t offset;
+  uint64_t inode;
+  char path[256];
+};
+
+// Calls `fn` for each mapping overlapping [start, end), in address order; false if `fn` refuses one
+// or a gap leaves part of the range unmapped.
+template <typename Fn>
+bool ForEachMapping(uintptr_t start, uintptr_t end, Fn fn) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  uintptr_t covered = start;
+  bool ok = true;
+  while (ok && covered < end && std::fgets(line, sizeof line, f)) {
+    Mapping m{};
+    unsigned dev_major, dev_minor;
+    int n =
+        std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %255[^\n]",
+                    &m.start, &m.end, m.perms, &m.offset, &dev_major, &dev_minor, &m.inode, m.path);
+    if (n < 7) continue;
+    if (n == 7) m.path[0] = '\0';
+    if (m.end <= covered) continue;
+    if (m.start > covered) {
+      ok = false;  // a hole
+      break;
+    }
+    ok = fn(m);
+    covered = m.end;
+  }
+  std::fclose(f);
+  return ok && covered >= end;
+}
+
+bool PrivateAnonymous(uintptr_t start, uintptr_t end) {
+  return ForEachMapping(start, end, [](const Mapping& m) {
+    return std::strcmp(m.perms, "rw-p") == 0 && m.inode == 0 &&
+           (m.path[0] == '\0' || std::strcmp(m.path, "[heap]") == 0);
+  });
+}
+
+}  // namespace
+
+SharedMemory& SharedMemory::Get() {
+  static SharedMemory* instance = new SharedMemory();  // never destroyed: the arena outlives exit
+  return *instance;
+}
+
+int SharedMemory::PeerFd() {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  if (fd_ < 0) return -1;
+  if (peer_fd_ < 0) {
+    // Reopened read-only: a peer can map and read the arena, never write into it.
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
+    peer_fd_ = open(path, O_RDONLY | O_CLOEXEC);
+  }
+  return peer_fd_;
+}
+
+uint64_t SharedMemory::Allocate(size_t len) {
+  for (auto it = holes_.begin(); it != holes_.end(); ++it) {
+    if (it->second < len) continue;
+    uint64_t off = it->first;
+    uint64_t rest = it->second - len;
+    holes_.erase(it);
+    if (rest) holes_[off + len] = rest;
+    return off;
+  }
+  uint64_t off = arena_bytes_;
+  arena_bytes_ += len;
+  return off;
+}
+
+void SharedMemory::Free(uint64_t offset, size_t len) {
+  auto [it, _] = holes_.emplace(offset, len);
+  auto next = std::next(it);
+  if (next != holes_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    holes_.erase(next);
+  }
+  if (it != holes_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      holes_.erase(it);
+    }
+  }
+}
+
+bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset) {
+  if (!PrivateAnonymous(start, start + len)) return false;
+  if (fd_ < 0) {
+    fd_ = memfd_create("softrdma-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0) return false;
+    // Peers map the arena; it may grow but never shrink under them.
+    fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK);
+  }
+  uint64_t off = Allocate(len);
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || (static_cast<uint64_t>(st.st_size) < off + len &&
+                               ftruncate(fd_, static_cast<off_t>(off + len)) != 0)) {
+    Free(off, len);
+    return false;
+  }
+  void* at = reinterpret_cast<void*>(start);
+  if (pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
+      mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(off)) ==
+          MAP_FAILED) {
+    Free(off, len);
+    return false;
+  }
+  *offset = off;
+  return true;
+}
+
+// Puts private anonymous pages with the same contents in place of the arena's at [start, len):
+// copied aside, then moved over in one mremap, so the range is never unmapped.
+void SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
+  void* fresh = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh == MAP_FAILED) return;  // the pages stay shared: still correct, only not freed
+  void* at = reinterpret_cast<void*>(start);
+  std::memcpy(fresh, at, len);
+  if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) munmap(fresh, len);
+}
+
+void SharedMemory::Share(const void* addr, size_t len) {
+  const size_t page = PageBytes();
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t start = (a + page - 1) & ~(page - 1);
+  uintptr_t end = (a + len) & ~(page - 1);
+  if (a + len < a || end <= start || end - start < kMinShareBytes) return;
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = ranges_.upper_bound(start);
+  if (it != ranges_.end() && it->first < end) return;  // overlaps a later range: stays private
+  if (it != ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.len > start) {
+      if (prev->first + prev->second.len >= end) ++prev->second.refs;  // inside it: shared already
+      return;
+    }
+  }
+  uint64_t off;
+  if (MovedOntoArena(start, end - start, &off)) ranges_[start] = Range{end - start, off, 1};
+}
+
+void SharedMemory::Unshare(const void* addr, size_t len) {
+  const size_t page = PageBytes();
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t start = (a + page - 1) & ~(page - 1);
+  uintptr_t end = (a + len) & ~(page - 1);
+  if (a + len < a || end <= start || end - start < kMinShareBytes) return;
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = ranges_.upper_bound(start);
+  if (it == ranges_.begin()) return;
+  --it;
+  Range& r = it->second;
+  if (it->first + r.len < end || --r.refs > 0) return;
+  // Only pages that are still the arena's go back: the application may have unmapped the buffer
+  // before deregistering it, and something else may live at those addresses now.
+  struct stat st {};
+  fstat(fd_, &st);
+  const uintptr_t range_end = it->first + r.len;
+  uint64_t expect = r.offset;  // the arena offset the next address must map
+  bool ours = ForEachMapping(it->first, range_end, [&](const Mapping& m) {
+    uintptr_t from = std::max(m.start, it->first);
+    bool match = m.inode == st.st_ino && m.offset + (from - m.start) == expect;
+    expect += std::min(m.end, range_end) - from;
+    return match;
+  });
+  if (ours) MoveToPrivate(it->first, r.len);
+  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
+            static_cast<off_t>(r.len));
+  Free(r.offset, r.len);
+  ranges_.erase(it);
+}
+
+SharedMemory::Piece SharedMemory::Find(const void* p, size_t n) const {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::shared_lock<std::shared_mutex> g(mu_);
+  auto it = ranges_.upper_bound(a);
+  if (it != ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (a < prev->first + prev->second.len) {
+      size_t in = prev->first + prev->second.len - a;
+      return Piece{true, prev->second.offset + (a - prev->first), in < n ? in : n};
+    }
+  }
+  size_t until = it == ranges_.end() ? n : it->first - a;
+  return Piece{false, 0, until < n ? until : n};
+}
+
+void SharedMemory::AfterForkInChild() {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  for (auto& [start, r] : ranges_) MoveToPrivate(start, r.len);
+  ranges_.clear();
+  holes_.clear();
+  arena_bytes_ = 0;
+  for (int* fd : {&fd_, &peer_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+}  // namespace softrdma::link

@@ -1,0 +1,70 @@
+// Registered memory that same-host peers read directly. The whole pages of a large region are
+// moved, in place, onto one process-wide memfd (the arena): same addresses, same contents, now
+// MAP_SHARED. A peer given the arena's descriptor maps it read-only and copies payloads straight
+// out of it, so a message costs one copy instead of two (into a ring and out again). Each
+// process only ever writes its own memory: the receiver of a SEND or WRITE copies from the
+// sender's arena, the requester of a READ from the responder's.
+//
+// Only private anonymous memory (heap, anonymous mmap) is moved; other mappings (files, shared
+// memory of the application, stacks) stay as they are and travel inline. Deregistering moves the
+// pages back to private anonymous memory (when they are still the arena's) and frees the arena
+// space. A fork()ed child gets private copies, as fork() gives of any private memory.
+//
+// Moving pages copies them first: a thread writing into the region's pages while it is being
+// registered or deregistered can lose that write. Programs register buffers before using them
+// for I/O; see docs/architecture.md §12.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <shared_mutex>
+
+namespace softrdma::link {
+
+class SharedMemory {
+ public:
+  // Regions spanning fewer whole pages than this stay private: their payloads are small enough to
+  // travel inline, and moving them would cost more than it saves.
+  static constexpr size_t kMinShareBytes = 64 * 1024;
+
+  static SharedMemory& Get();
+
+  // Best effort: moves the whole pages of [addr, addr+len) onto the arena. Counted: each Share
+  // needs its Unshare.
+  void Share(const void* addr, size_t len);
+  void Unshare(const void* addr, size_t len);
+
+  struct Piece {
+    bool shared;  // [p, p+len) is in the arena at `offset`
+    uint64_t offset;
+    size_t len;  // bytes from p that are all shared, or all not shared (≤ n)
+  };
+  Piece Find(const void* p, size_t n) const;
+
+  // A read-only descriptor of the arena for peers, -1 while nothing is shared.
+  int PeerFd();
+  // In a fork()ed child: every shared range becomes private memory with the same contents, and
+  // the child starts without an arena.
+  void AfterForkInChild();
+
+ private:
+  struct Range {
+    size_t len;
+    uint64_t offset;
+    int refs;
+  };
+  bool MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset);
+  void MoveToPrivate(uintptr_t start, size_t len);
+  uint64_t Allocate(size_t len);
+  void Free(uint64_t offset, size_t len);
+
+  mutable std::shared_mutex mu_;
+  std::map<uintptr_t, Range> ranges_;   // by start address; page-aligned, disjoint
+  std::map<uint64_t, uint64_t> holes_;  // free arena space: offset → length
+  uint64_t arena_bytes_ = 0;
+  int fd_ = -1;
+  int peer_fd_ = -1;
+};
+
+}  // namespace softrdma::link

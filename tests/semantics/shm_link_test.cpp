@@ -1,0 +1,179 @@
+// The same-host link between two processes: a forked peer (same user, same network namespace) is
+// reached through shared memory, large messages whose buffers start and end mid-page arrive
+// intact (whole pages by reference from the sender's arena, the partial pages inline), and a
+// process blocked waiting for a completion uses no CPU.
+#include <infiniband/verbs.h>
+
+#include <poll.h>
+#include <sys/resource.h>
+
+#include <gtest/gtest.h>
+
+#include "support/semantics_harness.h"
+
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+using namespace semantics;
+
+constexpr size_t kBuf = 8 << 20;
+// The parent's buffer: WRITE source, READ destination and SEND source do not overlap (a READ
+// response landing in a SEND's source would race with it, as on hardware).
+constexpr size_t kWriteFrom = 77, kWriteLen = (3u << 20) + 123, kWriteTo = 1000;
+constexpr size_t kReadInto = (4u << 20) + 5, kReadLen = 2u << 20, kReadFrom = 333;
+constexpr size_t kSendFrom = (6u << 20) + 500, kSendLen = 1u << 20, kRecvAt = 3;
+
+uint8_t ChildByte(size_t i) {
+  return static_cast<uint8_t>(i * 13 + 5);
+}
+uint8_t ParentByte(size_t i) {
+  return static_cast<uint8_t>(i * 7 + 1);
+}
+
+bool MapsMention(const char* what) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(what) != std::string::npos) return true;
+  return false;
+}
+
+struct Window {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+// The peer: exposes a patterned buffer, takes one SEND, checks what the parent wrote and sent,
+// and reports 'K' (or a letter naming what was wrong).
+int Peer(ChildPipe p, QpOpts o) {
+  Verbs v;
+  if (!v.Open()) return 10;
+  Qp* q = v.NewQp(o);
+  Buffer* b = v.NewBuffer(kBuf);
+  Buffer* rx = v.NewBuffer(kBuf);
+  if (!q || !b || !rx) return 11;
+  for (size_t i = 0; i < kBuf; ++i) b->data()[i] = ChildByte(i);
+  Remote mine = v.RemoteOf(q), theirs;
+  Window w{b->addr(), b->rkey()};
+  if (!p.Send(mine) || !p.Send(w) || !p.Recv(&theirs)) return 12;
+  if (BringUp(q->qp, o, theirs)) return 13;
+  if (PostRecv(q->qp, *rx, kRecvAt, kSendLen, 1)) return 14;
+  if (!p.Send('R')) return 15;
+  ibv_wc wc;
+  if (!PollOne(q->rcq, &wc) || wc.status != IBV_WC_SUCCESS || wc.byte_len != kSendLen) return 16;
+  char result = 'K';  // K, or W (write damaged), S (send damaged), B (both)
+  for (size_t i = 0; i < kWriteLen; ++i)
+    if (b->data()[kWriteTo + i] != ParentByte(kWriteFrom + i)) result = 'W';
+  for (size_t i = 0; i < kSendLen; ++i)
+    if (rx->data()[kRecvAt + i] != ParentByte(kSendFrom + i)) result = result == 'W' ? 'B' : 'S';
+  if (!p.Send(result)) return 17;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
+class ShmLink : public VerbsTest {};
+
+TEST_F(ShmLink, LargeUnalignedMessagesCrossIntactInBothDirections) {
+  QpOpts o;
+  Qp* a = v.NewQp(o);
+  Buffer* buf = Buf(kBuf);
+  ASSERT_TRUE(a && buf);
+  for (size_t i = 0; i < kBuf; ++i) buf->data()[i] = ParentByte(i);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return Peer(ChildPipe{up, down}, o); }));
+  Remote theirs;
+  Window w;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Recv(&w));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+  char c = 0;
+  ASSERT_TRUE(child.Recv(&c));
+  ASSERT_EQ(c, 'R');
+  EXPECT_TRUE(MapsMention("memfd:softrdma-link")) << "the peer was not reached by shared memory";
+
+  ASSERT_EQ(
+      PostRdma(a->qp, IBV_WR_RDMA_WRITE, *buf, kWriteFrom, kWriteLen, w.addr + kWriteTo, w.rkey, 1),
+      0);
+  ASSERT_EQ(
+      PostRdma(a->qp, IBV_WR_RDMA_READ, *buf, kReadInto, kReadLen, w.addr + kReadFrom, w.rkey, 2),
+      0);
+  ASSERT_EQ(PostSendMsg(a->qp, *buf, kSendFrom, kSendLen, 3), 0);
+  for (int i = 0; i < 3; ++i) {
+    ibv_wc wc;
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  }
+  ASSERT_TRUE(child.Recv(&c, std::chrono::milliseconds(20000)));
+  EXPECT_EQ(c, 'K') << "W: the RDMA WRITE, S: the SEND, B: both arrived damaged";
+  size_t bad = 0;
+  // The READ follows the WRITE on one QP, so it sees the written bytes from kWriteTo on.
+  for (size_t i = 0; i < kReadLen; ++i) {
+    size_t src = kReadFrom + i;
+    uint8_t want = src >= kWriteTo ? ParentByte(kWriteFrom + src - kWriteTo) : ChildByte(src);
+    bad += buf->data()[kReadInto + i] != want;
+  }
+  EXPECT_EQ(bad, 0u) << "the RDMA READ brought other bytes";
+  EXPECT_EQ(buf->data()[kReadInto - 1], ParentByte(kReadInto - 1));
+  EXPECT_EQ(buf->data()[kReadInto + kReadLen], ParentByte(kReadInto + kReadLen));
+  child.Send('x');
+}
+
+// The peer only connects and waits; the parent blocks on a completion channel.
+int QuietPeer(ChildPipe p, QpOpts o) {
+  Verbs v;
+  if (!v.Open()) return 10;
+  Qp* q = v.NewQp(o);
+  if (!q) return 11;
+  Remote mine = v.RemoteOf(q), theirs;
+  if (!p.Send(mine) || !p.Recv(&theirs)) return 12;
+  if (BringUp(q->qp, o, theirs)) return 13;
+  Buffer* b = v.NewBuffer(64);
+  if (!b || PostRecv(q->qp, *b, 0, 64, 1)) return 14;
+  if (!p.Send('R')) return 15;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
+TEST_F(ShmLink, AProcessBlockedOnACompletionChannelUsesNoCpu) {
+  ibv_comp_channel* ch = v.NewChannel();
+  ASSERT_NE(ch, nullptr);
+  ibv_cq* cq = v.NewCq(16, ch);
+  ASSERT_NE(cq, nullptr);
+  QpOpts o;
+  o.send_cq = cq;
+  o.recv_cq = cq;
+  Qp* a = v.NewQp(o);
+  ASSERT_NE(a, nullptr);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return QuietPeer(ChildPipe{up, down}, o); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+  char c = 0;
+  ASSERT_TRUE(child.Recv(&c));
+  Buffer* b = Buf(64);
+  ASSERT_EQ(PostSendMsg(a->qp, *b, 0, 8, 1), 0);  // traffic: the shared-memory channel is open
+  ibv_wc wc;
+  ASSERT_TRUE(PollOne(cq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  pollfd p{ch->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 1000), 0) << "no completion was due";  // blocked, as in ibv_get_cq_event
+  getrusage(RUSAGE_SELF, &after);
+  auto us = [](const timeval& t) { return t.tv_sec * 1000000L + t.tv_usec; };
+  long cpu_us = us(after.ru_utime) - us(before.ru_utime) + us(after.ru_stime) - us(before.ru_stime);
+  EXPECT_LT(cpu_us, 50000) << "the process used " << cpu_us << " us of CPU in 1 s of waiting";
+  child.Send('x');
+}
+
+}  // namespace

@@ -1,0 +1,150 @@
+// Registered memory moved onto the arena: contents and addresses stay, only whole pages move,
+// nested registrations are counted, deregistering gives private memory back, and a fork()ed
+// child gets its own copy.
+#include "link/shared_memory.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace softrdma::link {
+namespace {
+
+constexpr size_t kLen = 1 << 20;
+
+// The /proc/self/maps path of the mapping holding `p` ("" for anonymous memory).
+std::string MappingOf(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  auto a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    uintptr_t start = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    uintptr_t end = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+    if (a < start || a >= end) continue;
+    size_t slash = line.find('/');
+    return slash == std::string::npos ? "" : line.substr(slash);
+  }
+  return "?";
+}
+
+struct Buffer {
+  Buffer() {
+    void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base = static_cast<uint8_t*>(m);
+    for (size_t i = 0; i < kLen; ++i) base[i] = static_cast<uint8_t>(i * 7);
+  }
+  ~Buffer() { munmap(base, kLen); }
+  bool Intact() const {
+    for (size_t i = 0; i < kLen; ++i)
+      if (base[i] != static_cast<uint8_t>(i * 7)) return false;
+    return true;
+  }
+  uint8_t* base;
+};
+
+TEST(SharedMemory, ARegionMovesInPlaceWithItsContents) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  mem.Share(b.base, kLen);
+  EXPECT_TRUE(b.Intact());
+  EXPECT_NE(MappingOf(b.base).find("memfd:softrdma-mem"), std::string::npos);
+  SharedMemory::Piece p = mem.Find(b.base + 100, 5000);
+  EXPECT_TRUE(p.shared);
+  EXPECT_EQ(p.len, 5000u);
+  // The peer's view: the arena at that offset holds the same bytes.
+  int fd = mem.PeerFd();
+  ASSERT_GE(fd, 0);
+  uint8_t got[64];
+  ASSERT_EQ(pread(fd, got, sizeof got, static_cast<off_t>(p.offset)), 64);
+  EXPECT_EQ(std::memcmp(got, b.base + 100, 64), 0);
+  EXPECT_EQ(write(fd, got, 1), -1) << "peers get a read-only descriptor";
+  mem.Unshare(b.base, kLen);
+  EXPECT_TRUE(b.Intact());
+  EXPECT_EQ(MappingOf(b.base), "");
+  EXPECT_FALSE(mem.Find(b.base, 10).shared);
+}
+
+TEST(SharedMemory, OnlyWholePagesMoveAndSmallRegionsStay) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  uint8_t* start = b.base + 100;  // a partial first page
+  mem.Share(start, kLen - 200);
+  SharedMemory::Piece head = mem.Find(start, kLen);
+  EXPECT_FALSE(head.shared);
+  EXPECT_EQ(head.len, page - 100);
+  SharedMemory::Piece body = mem.Find(b.base + page, kLen);
+  EXPECT_TRUE(body.shared);
+  EXPECT_EQ(body.len, kLen - 2 * page);
+  mem.Unshare(start, kLen - 200);
+  EXPECT_TRUE(b.Intact());
+  mem.Share(b.base, SharedMemory::kMinShareBytes - 1);
+  EXPECT_FALSE(mem.Find(b.base, 10).shared);
+}
+
+TEST(SharedMemory, NestedRegistrationsAreCounted) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  mem.Share(b.base, kLen);
+  mem.Share(b.base + kLen / 2, kLen / 4);  // inside the first
+  mem.Unshare(b.base, kLen);
+  EXPECT_TRUE(mem.Find(b.base, 10).shared) << "the inner registration still holds the pages";
+  mem.Unshare(b.base + kLen / 2, kLen / 4);
+  EXPECT_FALSE(mem.Find(b.base, 10).shared);
+  EXPECT_TRUE(b.Intact());
+}
+
+TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
+  FILE* f = tmpfile();
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(ftruncate(fileno(f), kLen), 0);
+  void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(f), 0);
+  ASSERT_NE(m, MAP_FAILED);
+  SharedMemory::Get().Share(m, kLen);
+  EXPECT_FALSE(SharedMemory::Get().Find(m, 10).shared);
+  munmap(m, kLen);
+  fclose(f);
+}
+
+TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
+  SharedMemory& mem = SharedMemory::Get();
+  void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  mem.Share(m, kLen);
+  munmap(m, kLen);  // the application freed the buffer first
+  void* again =
+      mmap(m, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(again, m);
+  std::memset(again, 0x5a, kLen);
+  mem.Unshare(m, kLen);
+  EXPECT_EQ(static_cast<uint8_t*>(again)[kLen - 1], 0x5a);
+  EXPECT_EQ(MappingOf(again), "");
+  munmap(again, kLen);
+}
+
+TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  mem.Share(b.base, kLen);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    mem.AfterForkInChild();  // what the library's fork handler does
+    bool intact = b.Intact();
+    std::memset(b.base, 0, kLen);
+    _exit(intact ? 0 : 1);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
+  EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
+  mem.Unshare(b.base, kLen);
+}
+
+}  // namespace
+}  // namespace softrdma::link
