@@ -10,9 +10,10 @@
 #                      vs rstream -T s (the same program on plain TCP sockets,
 #                      stock libraries) and iperf3 (one stream), if installed
 #
-# It prints figures and ratios and asserts nothing about speed. Until
-# rsockets land, the rstream-over-rsockets measurement fails (rsocket calls
-# return ENOSYS): its row says so and the ratios read n/a.
+# It prints figures and ratios and asserts nothing about speed. A failed
+# measurement says so in its row, and its ratios read n/a. On one host the
+# loopback mode uses softrdma's same-host (shared-memory) link; the netns mode
+# its TCP link.
 #
 # Usage: cm_bench.sh [--mode loopback|netns|both] [--conns N] [--runs R]
 #                    [--size S] [--count C] [--verbose]

@@ -544,14 +544,16 @@ void Endpoint::Impl::ShmAwake() {
 // the core, which may open or close channels.
 int Endpoint::Impl::ServeShm() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return 0;
-  std::vector<std::shared_ptr<ShmChannel>> ready;
+  std::vector<std::shared_ptr<ShmChannel>>& ready = shm_ready;  // kept: no allocation per poll
   {
     std::lock_guard<std::mutex> g(shm_mu);
     for (const auto& ch : shm)
       if (ch->RxReady()) ready.push_back(ch);
   }
   for (auto& ch : ready) ch->ServeBuffered();
-  return static_cast<int>(ready.size());
+  int n = static_cast<int>(ready.size());
+  ready.clear();
+  return n;
 }
 
 int Endpoint::Impl::DrainLoopback() {
@@ -684,9 +686,6 @@ void Endpoint::Impl::Release() {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
-  // Records that arrive while an application polls ring no doorbell. The progress thread looks at
-  // the rings when the poller's lease runs out; if it is parked already, it must be asked now.
-  NoteShmPoll();
 }
 
 void Endpoint::Impl::NoteShmPoll() {
@@ -696,16 +695,28 @@ void Endpoint::Impl::NoteShmPoll() {
 }
 
 bool Endpoint::Impl::PollOnce(bool wait) {
-  if (!wait && ShmRxReady()) {
+  if (!wait && shm_count.load(std::memory_order_relaxed) > 0) {
     // Records in a ring are found without a system call; serve them before asking epoll.
-    if (!progress_mu.try_lock()) return false;
-    int handled = ServeShm();
-    handled += DrainLoopback();
-    sink.OnBatchEnd();
-    RunTimers();
-    progress_mu.unlock();
+    bool ready = ShmRxReady();
+    if (ready && progress_mu.try_lock()) {
+      int handled = ServeShm();
+      handled += DrainLoopback();
+      sink.OnBatchEnd();
+      RunTimers();
+      progress_mu.unlock();
+      NoteShmPoll();
+      return handled > 0;
+    }
     NoteShmPoll();
-    return handled > 0;
+    if (ready) return false;
+    // Sockets are asked only now and then: the three system calls of a claimed poll would delay
+    // the next record by a microsecond or more, and the progress thread, whose epoll set stays
+    // armed meanwhile, serves the sockets anyway.
+    int64_t now = NowNs();
+    if (now - sockets_polled_ns.load(std::memory_order_relaxed) < kSocketPollIntervalNs &&
+        loop_frames_pending.load(std::memory_order_relaxed) == 0)
+      return false;
+    sockets_polled_ns.store(now, std::memory_order_relaxed);
   }
   if (!wait) {
     Claim();

@@ -94,7 +94,13 @@ struct Endpoint::Impl {
   static constexpr int64_t kShmPollLeaseNs = 200'000;
   std::atomic<int64_t> shm_polled_ns{0};
   std::atomic<bool> parked{false};
+  // Records that arrive while an application polls ring no doorbell: the progress thread looks at
+  // the rings when the poller's lease runs out, and is asked now if it is parked already.
   void NoteShmPoll();
+  std::vector<std::shared_ptr<ShmChannel>> shm_ready;  // ServeShm's scratch (progress_mu)
+  // A poller with shared-memory channels asks epoll about sockets at most this often.
+  static constexpr int64_t kSocketPollIntervalNs = 20'000;
+  std::atomic<int64_t> sockets_polled_ns{0};
 
   std::unique_ptr<UdpLink> udp;
 

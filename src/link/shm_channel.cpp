@@ -321,7 +321,18 @@ void ShmChannel::PublishLocked() {
 
 void ShmChannel::Send(OutFrame&& f) {
   std::lock_guard<std::mutex> g(tx_mu_);
-  QueueLocked(std::move(f));
+  if (txq_.empty() && ready_.load(std::memory_order_relaxed) && !closed()) {
+    // The usual case: straight into the ring, without queueing (a queue entry is an allocation).
+    TxItem t{std::move(f), 0, false};
+    bool whole = WriteLocked(t);
+    if (whole) {
+      PublishLocked();
+      return;
+    }
+    txq_.push_back(std::move(t));
+  } else {
+    QueueLocked(std::move(f));
+  }
   FlushLocked();
 }
 
