@@ -1,6 +1,7 @@
 #include "core/addressing.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -78,8 +79,11 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
     std::string path = dir_ + "/slot-" + std::to_string(s);
     int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) continue;  // another user's stale slot
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      close(fd);
+    struct stat mine {
+    }, now{};
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &mine) != 0 ||
+        stat(path.c_str(), &now) != 0 || mine.st_ino != now.st_ino) {
+      close(fd);  // taken, or swept as stale between our open and our lock
       continue;
     }
     std::ostringstream info;
@@ -95,10 +99,29 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
     }
     fd_ = fd;
     slot_ = s;
+    SweepStaleSlots();
     return true;
   }
   *err = "no free slot in " + dir_;
   return false;
+}
+
+// Slot files of processes that died without their exit handler (killed) are unlinked: nobody
+// holds their lock. A claimer that opened such a file just before sees that its path went away.
+void SlotRegistry::SweepStaleSlots() {
+  DIR* d = opendir(dir_.c_str());
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, "slot-", 5) != 0) continue;
+    std::string path = dir_ + "/" + e->d_name;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (fstat(fd, &st) == 0 && st.st_uid == getuid() && flock(fd, LOCK_EX | LOCK_NB) == 0)
+      unlink(path.c_str());
+    close(fd);
+  }
+  closedir(d);
 }
 
 SlotRegistry::~SlotRegistry() {

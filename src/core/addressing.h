@@ -51,6 +51,7 @@ class SlotRegistry {
   void ForgetAfterFork();
 
  private:
+  void SweepStaleSlots();
   std::string dir_;
   int fd_ = -1;
   uint16_t slot_ = 0;
