@@ -46,7 +46,11 @@ int main(int argc, char** argv) {
   if (first >= argc) return Usage(stderr);
 
   std::string libs = LibDir();
-  if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) libs += ":" + std::string(old);
+  // Appended piecewise: `":" + std::string(old)` trips GCC 12's -Wrestrict false positive at -O3.
+  if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) {
+    libs += ':';
+    libs += old;
+  }
   setenv("LD_LIBRARY_PATH", libs.c_str(), 1);
   execvp(argv[first], argv + first);
   std::fprintf(stderr, "softrdma: cannot run %s: %s\n", argv[first], std::strerror(errno));
