@@ -5,11 +5,12 @@
 // a pad record filling the rest of the ring.
 //
 // Sleeping and waking (the doorbell is an eventfd of the sleeping side):
-//   consumer about to sleep: asleep = 1; fence; re-check the ring; sleep only if it is empty.
-//   producer after publishing: fence; if asleep: asleep = 0 and ring the doorbell.
-// Each side stores, fences, then loads what the other stored, so at least one of them sees the
-// other (no lost wake-up), and a consumer that is awake costs the producer no system call. The
-// same protocol, mirrored, wakes a producer waiting for room.
+//   consumer about to sleep: asleep = 1; re-check the ring; sleep only if it is empty.
+//   producer: publish the tail; if asleep: asleep = 0 and ring the doorbell.
+// Each side stores, then loads what the other stored, both sequentially consistent, so at least
+// one of them sees the other (no lost wake-up), and a consumer that is awake costs the producer no
+// system call. The same protocol, mirrored, wakes a producer waiting for room. (Sequentially
+// consistent accesses rather than fences: ThreadSanitizer does not model fences.)
 #pragma once
 
 #include <atomic>
@@ -102,16 +103,14 @@ class ShmRingProducer {
   }
   // Publishes committed records. True when the consumer sleeps and must be woken.
   bool Publish() {
-    c_->tail.store(tail_, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return c_->consumer_asleep.load(std::memory_order_relaxed) != 0 &&
+    c_->tail.store(tail_, std::memory_order_seq_cst);
+    return c_->consumer_asleep.load(std::memory_order_seq_cst) != 0 &&
            c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
   }
   // Asks for the doorbell when room frees. False when room freed meanwhile (try again now).
   bool WaitForRoom(uint32_t bytes) {
-    c_->producer_blocked.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    uint64_t head = c_->head.load(std::memory_order_acquire);
+    c_->producer_blocked.store(1, std::memory_order_seq_cst);
+    uint64_t head = c_->head.load(std::memory_order_seq_cst);
     if (tail_ + uint64_t{bytes} * 2 - head <= kShmRingBytes) {
       c_->producer_blocked.store(0, std::memory_order_relaxed);
       return false;
@@ -132,36 +131,45 @@ class ShmRingConsumer {
  public:
   ShmRingConsumer() = default;
   ShmRingConsumer(ShmRingControl* c, const uint8_t* data) : c_(c), data_(data) {
-    head_ = c->head.load(std::memory_order_relaxed);
+    head_.store(c->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
-  bool Empty() const { return c_->tail.load(std::memory_order_acquire) == head_; }
+  ShmRingConsumer& operator=(const ShmRingConsumer& o) {
+    c_ = o.c_;
+    data_ = o.data_;
+    head_.store(o.head_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
+  // Lock-free (pollers ask it without the progress mutex).
+  bool Empty() const {
+    return c_->tail.load(std::memory_order_acquire) == head_.load(std::memory_order_relaxed);
+  }
   // The next record's bytes (contiguous: records never wrap) and how many are published from
   // there to the end of the ring; nullptr when the ring is empty. A tail the producer moved
   // backwards or beyond the ring reads as `*avail` > ring size, which the caller rejects.
   const uint8_t* Peek(uint64_t* avail) const {
     uint64_t tail = c_->tail.load(std::memory_order_acquire);
-    if (tail == head_) return nullptr;
-    uint32_t at = static_cast<uint32_t>(head_ % kShmRingBytes);
-    uint64_t published = tail - head_;
+    uint64_t head = head_.load(std::memory_order_relaxed);
+    if (tail == head) return nullptr;
+    uint32_t at = static_cast<uint32_t>(head % kShmRingBytes);
+    uint64_t published = tail - head;
     uint64_t to_end = kShmRingBytes - at;
     *avail = published > kShmRingBytes ? published : (published < to_end ? published : to_end);
     return data_ + at;
   }
   void Consume(uint32_t bytes) {
-    head_ += bytes;
-    c_->head.store(head_, std::memory_order_release);
+    uint64_t head = head_.load(std::memory_order_relaxed) + bytes;
+    head_.store(head, std::memory_order_relaxed);
+    c_->head.store(head, std::memory_order_seq_cst);
   }
   // After a batch: true when the producer waits for room and must be woken.
   bool ProducerWaiting() const {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return c_->producer_blocked.load(std::memory_order_relaxed) != 0 &&
+    return c_->producer_blocked.load(std::memory_order_seq_cst) != 0 &&
            c_->producer_blocked.exchange(0, std::memory_order_relaxed) != 0;
   }
   // Before sleeping: false when data arrived meanwhile (do not sleep).
   bool PrepareSleep() {
-    c_->consumer_asleep.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return Empty();
+    c_->consumer_asleep.store(1, std::memory_order_seq_cst);
+    return c_->tail.load(std::memory_order_seq_cst) == head_.load(std::memory_order_relaxed);
   }
   void Awake() {
     if (c_->consumer_asleep.load(std::memory_order_relaxed))
@@ -171,7 +179,8 @@ class ShmRingConsumer {
  private:
   ShmRingControl* c_ = nullptr;
   const uint8_t* data_ = nullptr;
-  uint64_t head_ = 0;
+  // Our own count of consumed bytes (the shared copy is the producer's to read, not ours to trust).
+  std::atomic<uint64_t> head_{0};
 };
 
 }  // namespace softrdma::link
