@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/qp_internal.h"
 #include "link/shared_memory.h"
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 namespace {
@@ -53,6 +54,7 @@ void Hca::ForkChild() {
 void Hca::AbandonAfterFork() {
   // Registered memory the parent shares with its peers becomes the child's own copy.
   link::SharedMemory::Get().AfterForkInChild();
+  link::SharedWindows::Get().AfterForkInChild();
   if (endpoint_) endpoint_.release()->Abandon();
   slots_.ForgetAfterFork();
   mcast_.ForgetAfterFork();

@@ -1,9 +1,12 @@
 #include "core/mr.h"
 
+#include <infiniband/verbs.h>
+
 #include <mutex>
 #include <random>
 
 #include "link/shared_memory.h"
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 namespace {
@@ -15,18 +18,37 @@ uint32_t RandomKey() {
 
 }  // namespace
 
+namespace {
+
+constexpr int kRemoteRights =
+    IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// Same-host peers reach a region's memory directly when it lies in the arena.
+void PublishWindow(const Mr& m) {
+  if (m.access & kRemoteRights)
+    link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length,
+                                       static_cast<uint32_t>(m.access & kRemoteRights));
+}
+
+}  // namespace
+
 uint32_t MrTable::Insert(const Mr& mr) {
   // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
   link::SharedMemory::Get().Share(mr.addr, mr.length);
-  std::unique_lock<std::shared_mutex> g(mu_);
-  for (;;) {
-    uint32_t key = RandomKey();
-    if (key == 0 || by_key_.count(key)) continue;  // 0 stays invalid so it never matches by chance
-    Mr m = mr;
-    m.key = key;
-    by_key_.emplace(key, m);
-    return key;
+  Mr m = mr;
+  {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    for (;;) {
+      uint32_t key = RandomKey();
+      if (key == 0 || key == link::kWindowTombstone || by_key_.count(key))
+        continue;  // 0 stays invalid so it never matches by chance
+      m.key = key;
+      by_key_.emplace(key, m);
+      break;
+    }
   }
+  PublishWindow(m);
+  return m.key;
 }
 
 bool MrTable::Remove(uint32_t key) {
@@ -38,6 +60,7 @@ bool MrTable::Remove(uint32_t key) {
     old = it->second;
     by_key_.erase(it);
   }
+  link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
   link::SharedMemory::Get().Unshare(old.addr, old.length);
   return true;
 }
@@ -57,7 +80,11 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     it->second = mr;
     it->second.key = key;
   }
+  link::SharedWindows::Get().Withdraw(key);
   link::SharedMemory::Get().Unshare(old.addr, old.length);
+  Mr m = mr;
+  m.key = key;
+  PublishWindow(m);
   return true;
 }
 

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/qp_internal.h"
 #include "core/qp_state_table.h"
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 
@@ -52,6 +53,18 @@ void Qp::SetStateLocked(ibv_qp_state s) {
   state_ = s;
   attr_.qp_state = s;
   if (user_handle_) user_handle_->state = s;
+  PublishEndpointLocked();
+}
+
+void Qp::PublishEndpointLocked() {
+  if (type_ != IBV_QPT_RC) return;
+  constexpr int kRemote =
+      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  // The states in which the responder answers requests (docs/architecture.md §8).
+  bool answers = state_ == IBV_QPS_RTR || state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD ||
+                 state_ == IBV_QPS_SQE;
+  int rights = answers && !shut_down_ ? attr_.qp_access_flags & kRemote : 0;
+  link::SharedWindows::Get().SetEndpoint(qpn_, pd_->handle, static_cast<uint32_t>(rights));
 }
 
 void Qp::RaiseAsync(ibv_event_type type) {
@@ -171,6 +184,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
     return r;
   }
   if (next == cur && next != IBV_QPS_ERR && next != IBV_QPS_RESET) {
+    if (mask & IBV_QP_ACCESS_FLAGS) PublishEndpointLocked();
     if (next == IBV_QPS_RTS) RunRequesterLocked();
     return 0;
   }
@@ -465,6 +479,7 @@ void Qp::Shutdown() {
   std::unique_lock<std::mutex> g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
+  PublishEndpointLocked();      // closed to direct access
   hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
   for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {

@@ -124,6 +124,10 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void EnterErrorLocked();
   void ResetLocked();
   void SetStateLocked(ibv_qp_state s);
+  // Same-host peers may run one-sided operations on this QP's regions while it is RTS.
+  void PublishEndpointLocked();
+  // An RDMA WRITE, READ or atomic done on the peer's memory directly; false: take the long way.
+  bool TryDirectLocked(SendWqe& w);
   int ValidateWr(const ibv_send_wr& wr) const;
   void PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited);
   void RaiseAsync(ibv_event_type type);

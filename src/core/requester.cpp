@@ -207,6 +207,13 @@ void Qp::RunRequesterLocked() {
     if (type_ == IBV_QPT_RC) {
       if ((w.send_flags & IBV_SEND_FENCE) && rd_outstanding_ > 0) return;
       if (rd && rd_outstanding_ >= std::max<uint32_t>(attr_.max_rd_atomic, 1)) return;
+      if (TryDirectLocked(w)) {
+        w.sent = w.done = true;
+        w.status = IBV_WC_SUCCESS;
+        ++next_;
+        RetireLocked();
+        continue;
+      }
     }
     uint64_t idx = next_;
     ibv_wc_status st = SendWqeLocked(w);

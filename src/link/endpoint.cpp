@@ -686,6 +686,8 @@ void Endpoint::Impl::Release() {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+  // Claim() told the producers not to ring; a parked progress thread must hear them again.
+  NoteShmPoll();
 }
 
 void Endpoint::Impl::NoteShmPoll() {
@@ -849,11 +851,18 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
 std::shared_ptr<Channel> Endpoint::ConnectShm(uint16_t port) {
   Impl& im = *impl_;
   if (!im.shm_enabled) return nullptr;
-  std::lock_guard<std::mutex> g(im.mu);
-  auto it = im.shm_outbound.find(port);
-  if (it != im.shm_outbound.end() && !it->second->closed()) return it->second;
+  {
+    std::lock_guard<std::mutex> g(im.mu);
+    auto it = im.shm_outbound.find(port);
+    if (it != im.shm_outbound.end() && !it->second->closed()) return it->second;
+  }
+  // Opened without the lock: it waits briefly for the peer's answer, which our own progress
+  // thread may need the lock to let through (the peer may be connecting to us at the same time).
   auto ch = ShmChannel::Connect(im, port);
   if (!ch) return nullptr;
+  std::lock_guard<std::mutex> g(im.mu);
+  auto it = im.shm_outbound.find(port);
+  if (it != im.shm_outbound.end() && !it->second->closed()) return it->second;  // a racing twin
   im.channels.insert(ch);
   im.shm_outbound[port] = ch;
   RegisterPollable(im.epfd, ch->fd(), ch.get(), EPOLLIN | EPOLLRDHUP);

@@ -12,6 +12,8 @@
 
 namespace softrdma::link {
 
+class PeerWindows;
+
 constexpr int kMaxSegs = 32;             // payload pieces of one frame (one per SGE)
 constexpr size_t kMaxHeaderBytes = 128;  // LRH+GRH+BTH+largest extension set is < 100
 constexpr size_t kNodeIdBytes = 16;
@@ -73,6 +75,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual bool is_datagram() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
+  // The peer's published windows, when it can be accessed directly (same host); else nullptr.
+  virtual PeerWindows* direct() { return nullptr; }
   // Identity the peer announced; valid once frames arrive from it.
   const NodeId& peer_id() const { return peer_id_; }
 

@@ -114,14 +114,23 @@ void SharedMemory::Free(uint64_t offset, size_t len) {
   }
 }
 
+bool SharedMemory::EnsureArenaLocked() {
+  if (fd_ >= 0) return true;
+  fd_ = memfd_create("softrdma-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd_ < 0) return false;
+  // Peers map the arena; it may grow but never shrink under them.
+  fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK);
+  return true;
+}
+
+int SharedMemory::ArenaFd() {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  return EnsureArenaLocked() ? fd_ : -1;
+}
+
 bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset) {
   if (!PrivateAnonymous(start, start + len)) return false;
-  if (fd_ < 0) {
-    fd_ = memfd_create("softrdma-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd_ < 0) return false;
-    // Peers map the arena; it may grow but never shrink under them.
-    fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK);
-  }
+  if (!EnsureArenaLocked()) return false;
   uint64_t off = Allocate(len);
   struct stat st {};
   if (fstat(fd_, &st) != 0 || (static_cast<uint64_t>(st.st_size) < off + len &&

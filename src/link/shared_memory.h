@@ -26,7 +26,7 @@ class SharedMemory {
  public:
   // Regions spanning fewer whole pages than this stay private: their payloads are small enough to
   // travel inline, and moving them would cost more than it saves.
-  static constexpr size_t kMinShareBytes = 64 * 1024;
+  static constexpr size_t kMinShareBytes = 8 * 1024;
 
   static SharedMemory& Get();
 
@@ -44,6 +44,8 @@ class SharedMemory {
 
   // A read-only descriptor of the arena for peers, -1 while nothing is shared.
   int PeerFd();
+  // The arena's read-write descriptor (made, empty, if need be) for peers' direct access.
+  int ArenaFd();
   // In a fork()ed child: every shared range becomes private memory with the same contents, and
   // the child starts without an arena.
   void AfterForkInChild();
@@ -55,6 +57,7 @@ class SharedMemory {
     int refs;
   };
   bool MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset);
+  bool EnsureArenaLocked();
   void MoveToPrivate(uintptr_t start, size_t len);
   uint64_t Allocate(size_t len);
   void Free(uint64_t offset, size_t len);

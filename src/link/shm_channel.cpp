@@ -1,6 +1,7 @@
 #include "link/shm_channel.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -34,6 +35,8 @@ constexpr uint32_t kRefMinBytes = 4096;
 // the sender's arena, sent before the first record that refers to it.
 constexpr uint8_t kSetup = 0;
 constexpr uint8_t kArena = 1;
+constexpr uint8_t kDirect = 2;
+constexpr int kDirectWaitMs = 20;  // our window table and our arena, read-write (shared_windows.h)
 struct ShmSetup {
   char magic[4];
   uint8_t version;
@@ -155,6 +158,7 @@ ShmChannel::ShmChannel(Endpoint::Impl& ep, int sock) : ep_(ep), sock_(sock) {}
 ShmChannel::~ShmChannel() {
   if (map_) munmap(map_, map_len_);
   if (peer_arena_) munmap(const_cast<uint8_t*>(peer_arena_), peer_arena_len_);
+  delete peer_windows_.load();
   for (int fd : {sock_, doorbell_in_, doorbell_out_, peer_arena_fd_})
     if (fd >= 0) close(fd);
 }
@@ -213,6 +217,11 @@ std::shared_ptr<ShmChannel> ShmChannel::Connect(Endpoint::Impl& ep, uint16_t por
   if (memfd >= 0) close(memfd);
   if (!ok) return nullptr;  // the destructor closes the rest
   ch->Started();
+  // The peer answers with its window table at once. Waiting briefly for it here, before any work
+  // request can use the channel, lets the first one-sided operations go direct: a pipeline that
+  // starts the long way stays full, and direct access needs nothing outstanding.
+  pollfd p{sock, POLLIN, 0};
+  if (poll(&p, 1, kDirectWaitMs) == 1) ch->ReadControl();
   return ch;
 }
 
@@ -259,6 +268,15 @@ bool ShmChannel::ReadControl() {
     peer_gone_ = true;
     return true;
   }
+  if (r > 0 && s.kind == kDirect && nfds == 2 && !peer_windows_.load()) {
+    PeerWindows* w = PeerWindows::Map(fds[0], fds[1]);  // takes the descriptors when it succeeds
+    if (!w) {
+      close(fds[0]);
+      close(fds[1]);
+    }
+    peer_windows_.store(w, std::memory_order_release);
+    return true;  // without it, one-sided operations take the long way
+  }
   bool ok = r > 0 && s.kind == kArena && nfds == 1 && peer_arena_fd_ < 0;
   if (ok) {
     peer_arena_fd_ = fds[0];
@@ -295,6 +313,16 @@ void ShmChannel::Started() {
   }
   ready_.store(true, std::memory_order_release);
   RegisterPollable(ep_.epfd, doorbell_in_, &doorbell_, EPOLLIN);
+  // Let the peer run one-sided operations on our memory itself.
+  int fds[2] = {SharedWindows::Get().fd(), SharedMemory::Get().ArenaFd()};
+  if (fds[0] >= 0 && fds[1] >= 0) {
+    ShmSetup s{};
+    std::memcpy(s.magic, kSetupMagic, 4);
+    s.version = kShmVersion;
+    s.kind = kDirect;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    SendWithFds(sock_, s, fds, 2);
+  }
 }
 
 bool ShmChannel::WriteHelloLocked() {

@@ -12,6 +12,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/rx_cursor.h"
+#include "link/shared_windows.h"
 #include "link/shm_ring.h"
 
 namespace softrdma::link {
@@ -34,6 +35,7 @@ class ShmChannel final : public ServedChannel {
   bool closed() const override { return closed_.load(std::memory_order_acquire); }
   bool is_loopback() const override { return false; }
   void Abort() override { dead_ = true; }
+  PeerWindows* direct() override { return peer_windows_.load(std::memory_order_acquire); }
 
   int fd() const { return sock_; }
   void OnEvents(uint32_t events) override;  // the Unix socket
@@ -108,7 +110,8 @@ class ShmChannel final : public ServedChannel {
   RxTarget target_;
   RxCursor cursor_;
   uint64_t remaining_ = 0;
-  int peer_arena_fd_ = -1;  // the peer's registered memory, read-only
+  std::atomic<PeerWindows*> peer_windows_{nullptr};  // set once, freed with the channel
+  int peer_arena_fd_ = -1;                           // the peer's registered memory, read-only
   const uint8_t* peer_arena_ = nullptr;
   size_t peer_arena_len_ = 0;
 };

@@ -176,4 +176,61 @@ TEST_F(ShmLink, AProcessBlockedOnACompletionChannelUsesNoCpu) {
   child.Send('x');
 }
 
+// The peer sends one message a while after it is told to.
+int LateSender(ChildPipe p, QpOpts o) {
+  Verbs v;
+  if (!v.Open()) return 10;
+  Qp* q = v.NewQp(o);
+  Buffer* b = v.NewBuffer(64);
+  if (!q || !b) return 11;
+  Remote mine = v.RemoteOf(q), theirs;
+  if (!p.Send(mine) || !p.Recv(&theirs)) return 12;
+  if (BringUp(q->qp, o, theirs)) return 13;
+  char go;
+  if (!p.Recv(&go)) return 14;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the parent is blocked by now
+  if (PostSendMsg(q->qp, *b, 0, 8, 1)) return 15;
+  ibv_wc wc;
+  if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
+  p.Recv(&go);
+  return 0;
+}
+
+// Polling an empty CQ tells the peer's producers not to ring (the poller reads the rings); a
+// process that then blocks must still be woken by the next message. It was not: the flag stayed
+// cleared, and the message waited in the ring until the peer's retransmissions gave up.
+TEST_F(ShmLink, AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage) {
+  ibv_comp_channel* ch = v.NewChannel();
+  ASSERT_NE(ch, nullptr);
+  ibv_cq* cq = v.NewCq(16, ch);
+  QpOpts o;
+  o.send_cq = cq;
+  o.recv_cq = cq;
+  Qp* a = v.NewQp(o);
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return LateSender(ChildPipe{up, down}, o); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+  ASSERT_EQ(PostRecv(a->qp, *b, 0, 64, 7), 0);
+  ASSERT_TRUE(child.Send('g'));
+  ibv_wc wc;
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 0);  // busy, then blocked
+  ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  pollfd p{ch->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 3000), 1) << "the message never woke this process";
+  ASSERT_TRUE(PollOne(cq, &wc));
+  EXPECT_EQ(wc.wr_id, 7u);
+  void* ctx;
+  ibv_cq* got;
+  if (p.revents & POLLIN) {
+    ASSERT_EQ(ibv_get_cq_event(ch, &got, &ctx), 0);
+    ibv_ack_cq_events(got, 1);
+  }
+  child.Send('x');
+}
+
 }  // namespace

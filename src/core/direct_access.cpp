@@ -1,0 +1,91 @@
+// One-sided operations on a same-host peer's memory, done by the requester itself: RDMA WRITE,
+// READ and atomics reach a region the peer published (link/shared_windows.h) without waiting for
+// the peer to wake up and answer. Only when nothing is outstanding on the QP, so the operation
+// cannot overtake an earlier one; anything the checks refuse takes the long way, where the
+// responder answers with the error the IBTA prescribes.
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "core/hca.h"
+#include "core/limits.h"
+#include "core/qp.h"
+#include "link/shared_windows.h"
+
+namespace softrdma::core {
+
+bool Qp::TryDirectLocked(SendWqe& w) {
+  uint32_t right;
+  int local_access = IBV_ACCESS_LOCAL_WRITE;
+  switch (w.opcode) {
+    case IBV_WR_RDMA_WRITE:
+      right = IBV_ACCESS_REMOTE_WRITE;
+      local_access = 0;
+      break;
+    case IBV_WR_RDMA_READ:
+      right = IBV_ACCESS_REMOTE_READ;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      right = IBV_ACCESS_REMOTE_ATOMIC;
+      if (w.num_sge != 1 || w.sge[0].length != 8 || (w.remote_addr & 7)) return false;
+      break;
+    default:
+      return false;
+  }
+  if (head_ != next_ || !av_.channel || w.length == 0 || w.length > kMaxMsgSize) return false;
+  link::PeerWindows* peer = av_.channel->direct();
+  if (!peer) return false;
+
+  // Local memory first: a bad lkey is reported by the long way, as LOC_PROT_ERR.
+  uint8_t* local[kMaxSge];
+  uint32_t lens[kMaxSge];
+  uint32_t n = 0;
+  bool inline_data = w.num_sge == 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    const ibv_sge& s = w.sge[i];
+    if (s.length == 0) continue;
+    KeyCheck why;
+    local[n] = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, local_access, true, &why);
+    if (!local[n]) return false;
+    lens[n++] = s.length;
+  }
+
+  bool done = true;
+  auto op = [&](uint8_t* remote) {
+    switch (w.opcode) {
+      case IBV_WR_RDMA_WRITE:
+        if (inline_data) {
+          std::memcpy(remote, w.inline_buf, w.length);
+        } else {
+          for (uint32_t i = 0; i < n; remote += lens[i], ++i)
+            std::memcpy(remote, local[i], lens[i]);
+        }
+        break;
+      case IBV_WR_RDMA_READ:
+        for (uint32_t i = 0; i < n; remote += lens[i], ++i) std::memcpy(local[i], remote, lens[i]);
+        break;
+      default: {
+        if (reinterpret_cast<uintptr_t>(remote) & 7) {
+          done = false;  // not a CPU atomic here: the responder decides
+          break;
+        }
+        auto* target = reinterpret_cast<uint64_t*>(remote);
+        uint64_t orig;
+        if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+          orig = w.compare_add;
+          __atomic_compare_exchange_n(target, &orig, w.swap, false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST);
+        } else {
+          orig = __atomic_fetch_add(target, w.compare_add, __ATOMIC_SEQ_CST);
+        }
+        std::memcpy(local[0], &orig, 8);
+      }
+    }
+  };
+  return peer->With(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, op) ==
+             link::PeerWindows::Access::kDone &&
+         done;
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,186 @@
+#include "link/shared_windows.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "link/frame_codec.h"
+#include "link/shared_memory.h"
+
+namespace softrdma::link {
+namespace {
+
+constexpr size_t kArenaReserve = size_t{64} << 30;  // virtual: the arena may grow this far
+constexpr int64_t kWithdrawWaitNs = 200'000'000;
+
+uint32_t Hash(uint32_t key) {
+  return (key * 2654435761u) >> 16;  // 16 bits: kWindowSlots
+}
+
+}  // namespace
+
+SharedWindows& SharedWindows::Get() {
+  static SharedWindows* instance = new SharedWindows();  // peers may map it until we exit
+  return *instance;
+}
+
+bool SharedWindows::EnsureLocked() {
+  if (table_) return true;
+  int fd = memfd_create("softrdma-windows", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return false;
+  if (ftruncate(fd, sizeof(WindowTable)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    close(fd);
+    return false;
+  }
+  void* m = mmap(nullptr, sizeof(WindowTable), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return false;
+  }
+  table_ = static_cast<WindowTable*>(m);  // zero-filled: every slot empty
+  fd_ = fd;
+  return true;
+}
+
+int SharedWindows::fd() {
+  std::lock_guard<std::mutex> g(mu_);
+  return EnsureLocked() ? fd_ : -1;
+}
+
+void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const void* addr,
+                            uint64_t len, uint32_t rights) {
+  if (key == 0 || key == kWindowTombstone || len == 0) return;
+  SharedMemory::Piece piece = SharedMemory::Get().Find(addr, len);
+  if (!piece.shared || piece.len != len) return;  // not all of it in the arena: frames only
+  std::lock_guard<std::mutex> g(mu_);
+  if (!EnsureLocked()) return;
+  for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
+    WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
+    uint32_t k = e.key.load(std::memory_order_relaxed);
+    if (k != 0 && k != kWindowTombstone) continue;
+    if (k == kWindowTombstone && e.users.load(std::memory_order_acquire) != 0) continue;
+    e.domain = domain;
+    e.base = base;
+    e.len = len;
+    e.arena_offset = piece.offset;
+    e.rights = rights;
+    e.key.store(key, std::memory_order_release);  // last: the entry is whole when it appears
+    return;
+  }
+}
+
+void SharedWindows::Withdraw(uint32_t key) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!table_ || key == 0 || key == kWindowTombstone) return;
+  for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
+    WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
+    uint32_t k = e.key.load(std::memory_order_relaxed);
+    if (k == 0) return;  // the end of its probe chain: never published
+    if (k != key) continue;
+    e.key.store(kWindowTombstone, std::memory_order_seq_cst);
+    auto start = std::chrono::steady_clock::now();
+    while (e.users.load(std::memory_order_seq_cst) != 0 &&
+           std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
+      sched_yield();
+    return;
+  }
+}
+
+void SharedWindows::SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!EnsureLocked()) return;
+  EndpointEntry& e = table_->endpoints[id % kEndpointSlots];
+  e.rights.store(0, std::memory_order_seq_cst);
+  e.id.store(id, std::memory_order_relaxed);
+  e.domain = domain;
+  e.rights.store(rights, std::memory_order_release);
+}
+
+void SharedWindows::AfterForkInChild() {
+  // The child's regions and QPs are its own: a fresh table when it first needs one. The parent's
+  // stays mapped (and leaked) here.
+  table_ = nullptr;
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  new (&mu_) std::mutex();
+}
+
+PeerWindows* PeerWindows::Map(int table_fd, int arena_fd) {
+  struct stat st {};
+  int seals = fcntl(table_fd, F_GET_SEALS);
+  if (fstat(table_fd, &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(WindowTable) ||
+      seals < 0 || !(seals & F_SEAL_SHRINK))
+    return nullptr;
+  seals = fcntl(arena_fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) return nullptr;
+  void* t = mmap(nullptr, sizeof(WindowTable), PROT_READ | PROT_WRITE, MAP_SHARED, table_fd, 0);
+  if (t == MAP_FAILED) return nullptr;
+  void* a =
+      mmap(nullptr, kArenaReserve, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, arena_fd, 0);
+  if (a == MAP_FAILED) {
+    munmap(t, sizeof(WindowTable));
+    return nullptr;
+  }
+  auto* p = new PeerWindows();
+  p->table_ = static_cast<WindowTable*>(t);
+  p->arena_ = static_cast<uint8_t*>(a);
+  p->arena_reserved_ = kArenaReserve;
+  p->table_fd_ = table_fd;
+  p->arena_fd_ = arena_fd;
+  return p;
+}
+
+PeerWindows::~PeerWindows() {
+  munmap(table_, sizeof(WindowTable));
+  munmap(arena_, arena_reserved_);
+  close(table_fd_);
+  close(arena_fd_);
+}
+
+// Whether [0, end) of the arena exists in the file: beyond its size the mapping would fault.
+bool PeerWindows::ArenaCovers(uint64_t end) {
+  if (end <= arena_size_.load(std::memory_order_relaxed)) return true;
+  struct stat st {};
+  if (fstat(arena_fd_, &st) != 0) return false;
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > arena_reserved_) size = arena_reserved_;
+  arena_size_.store(size, std::memory_order_relaxed);
+  return end <= size;
+}
+
+uint8_t* PeerWindows::Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                            uint32_t rights, WindowEntry** out) {
+  if (key == 0 || key == kWindowTombstone || len == 0 || len > kMaxFramePayload) return nullptr;
+  const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
+  uint32_t ep_rights = ep.rights.load(std::memory_order_acquire);
+  if (ep.id.load(std::memory_order_relaxed) != endpoint || (ep_rights & rights) != rights)
+    return nullptr;
+  uint32_t domain = ep.domain;
+  for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
+    WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
+    uint32_t k = e.key.load(std::memory_order_acquire);
+    if (k == 0) return nullptr;
+    if (k != key) continue;
+    e.users.fetch_add(1, std::memory_order_seq_cst);
+    // Counted in first, then checked: a withdrawal either sees us or we see it.
+    uint64_t base = e.base, wlen = e.len, off = e.arena_offset;
+    bool ok = e.key.load(std::memory_order_seq_cst) == key && e.domain == domain &&
+              (e.rights & rights) == rights && addr >= base && addr - base <= wlen &&
+              len <= wlen - (addr - base) && off <= UINT64_MAX - wlen &&
+              ArenaCovers(off + (addr - base) + len);
+    if (!ok) {
+      e.users.fetch_sub(1, std::memory_order_release);
+      return nullptr;
+    }
+    *out = &e;
+    return arena_ + off + (addr - base);
+  }
+  return nullptr;
+}
+
+}  // namespace softrdma::link
