@@ -25,6 +25,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/udp_link.h"
 
@@ -566,23 +567,9 @@ int Endpoint::Impl::DrainLoopback() {
   for (OutFrame& f : batch) {
     RxTarget t;
     sink.OnFrameHeader(*loopback, f.hdr, f.hdr_len, f.payload_len, t);
-    int dseg = 0;
-    size_t doff = 0;
-    for (int i = 0; i < f.nseg; ++i) {
-      const uint8_t* src = static_cast<const uint8_t*>(f.seg[i].iov_base);
-      size_t n = f.seg[i].iov_len;
-      while (n > 0 && dseg < t.nseg) {
-        size_t c = std::min(n, t.seg[dseg].iov_len - doff);
-        if (c) std::memcpy(static_cast<uint8_t*>(t.seg[dseg].iov_base) + doff, src, c);
-        src += c;
-        n -= c;
-        doff += c;
-        if (doff == t.seg[dseg].iov_len) {
-          ++dseg;
-          doff = 0;
-        }
-      }
-    }
+    RxCursor cursor;
+    for (int i = 0; i < f.nseg; ++i)
+      cursor.Deliver(t, static_cast<const uint8_t*>(f.seg[i].iov_base), f.seg[i].iov_len);
     sink.OnFrameEnd(*loopback, t);
   }
   return static_cast<int>(batch.size());

@@ -159,12 +159,18 @@ void SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
   if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) munmap(fresh, len);
 }
 
-void SharedMemory::Share(const void* addr, size_t len) {
+// The whole pages of [addr, addr+len), when they are enough to share.
+bool SharedMemory::WholePages(const void* addr, size_t len, uintptr_t* start, uintptr_t* end) {
   const size_t page = PageBytes();
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  uintptr_t start = (a + page - 1) & ~(page - 1);
-  uintptr_t end = (a + len) & ~(page - 1);
-  if (a + len < a || end <= start || end - start < kMinShareBytes) return;
+  *start = (a + page - 1) & ~(page - 1);
+  *end = (a + len) & ~(page - 1);
+  return a + len >= a && *end > *start && *end - *start >= kMinShareBytes;
+}
+
+void SharedMemory::Share(const void* addr, size_t len) {
+  uintptr_t start, end;
+  if (!WholePages(addr, len, &start, &end)) return;
   std::unique_lock<std::shared_mutex> g(mu_);
   auto it = ranges_.upper_bound(start);
   if (it != ranges_.end() && it->first < end) return;  // overlaps a later range: stays private
@@ -180,11 +186,8 @@ void SharedMemory::Share(const void* addr, size_t len) {
 }
 
 void SharedMemory::Unshare(const void* addr, size_t len) {
-  const size_t page = PageBytes();
-  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  uintptr_t start = (a + page - 1) & ~(page - 1);
-  uintptr_t end = (a + len) & ~(page - 1);
-  if (a + len < a || end <= start || end - start < kMinShareBytes) return;
+  uintptr_t start, end;
+  if (!WholePages(addr, len, &start, &end)) return;
   std::unique_lock<std::shared_mutex> g(mu_);
   auto it = ranges_.upper_bound(start);
   if (it == ranges_.begin()) return;

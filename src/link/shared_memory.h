@@ -56,6 +56,7 @@ class SharedMemory {
     uint64_t offset;
     int refs;
   };
+  static bool WholePages(const void* addr, size_t len, uintptr_t* start, uintptr_t* end);
   bool MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset);
   bool EnsureArenaLocked();
   void MoveToPrivate(uintptr_t start, size_t len);
