@@ -119,6 +119,7 @@ std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
 }
 
 std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn, bool datagram) {
+  if (!endpoint_) return nullptr;  // a fork child using its parent's objects: see Progress()
   std::optional<link::PeerAddr> addr;
   bool self = false;
   bool same_host = false;  // the peer is in our network namespace: shared memory may reach it
@@ -184,7 +185,7 @@ void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {
     std::lock_guard<std::mutex> g(timer_mu_);
     timer_qps_.insert(qp);
   }
-  endpoint_->Wake();
+  if (endpoint_) endpoint_->Wake();
 }
 
 void Hca::QueueAck(const std::shared_ptr<Qp>& qp) {

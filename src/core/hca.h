@@ -51,11 +51,14 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> McastTargets(
       const ibv_gid& mgid);
 
-  // Runs inbound work on the calling thread (an application polling an empty CQ).
-  bool Progress(bool wait = false) { return endpoint_->PollOnce(wait); }
+  // Runs inbound work on the calling thread (an application polling an empty CQ). A fork child
+  // that uses its parent's objects reaches an HCA without an endpoint: nothing arrives there.
+  bool Progress(bool wait = false) { return endpoint_ && endpoint_->PollOnce(wait); }
   // See link::Endpoint::SecureQueuedPayloads.
-  void SecureQueuedPayloads() { endpoint_->SecureQueuedPayloads(); }
-  bool WaitTxIdle(int64_t max_ns) { return endpoint_->WaitTxIdle(max_ns); }
+  void SecureQueuedPayloads() {
+    if (endpoint_) endpoint_->SecureQueuedPayloads();
+  }
+  bool WaitTxIdle(int64_t max_ns) { return !endpoint_ || endpoint_->WaitTxIdle(max_ns); }
 
   // Progress-thread services for QPs.
   void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread

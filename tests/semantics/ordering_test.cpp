@@ -196,12 +196,14 @@ struct WriteTarget {
   uint32_t rkey;
 };
 
-TEST_F(Ordering, WriteDataIsVisibleWhenAFollowingSendCompletesOverTcp) {
+// The peer is another process, reached over `link` ("tcp" or "shm").
+void CheckWriteDataIsVisibleAcrossProcesses(Verbs& v, const char* link) {
   QpOpts o;
   o.use_gid = true;
   ForkedPeer child;
-  ASSERT_TRUE(child.Start([o](int up, int down) {
+  ASSERT_TRUE(child.Start([o, link](int up, int down) {
     ChildPipe p{up, down};
+    ForceLink(link);
     Verbs v;
     if (!v.Open()) return 10;
     Qp* q = v.NewQp(o);
@@ -235,7 +237,8 @@ TEST_F(Ordering, WriteDataIsVisibleWhenAFollowingSendCompletesOverTcp) {
   ASSERT_EQ(BringUp(a->qp, o, t.remote), 0);
   char c;
   ASSERT_TRUE(child.Recv(&c));
-  Buffer* local = Buf(kWriteLen + 64);
+  Buffer* local = v.NewBuffer(kWriteLen + 64);
+  ASSERT_NE(local, nullptr);
   for (int r = 0; r < kWriteRounds; ++r) {
     ASSERT_NO_FATAL_FAILURE(WriteThenSend(a->qp, a->scq, *local, t.addr, t.rkey, r));
     ASSERT_TRUE(child.Recv(&c)) << "child lost at round " << r;
@@ -245,6 +248,14 @@ TEST_F(Ordering, WriteDataIsVisibleWhenAFollowingSendCompletesOverTcp) {
   EXPECT_EQ(bad, 0) << "rounds whose WRITE data was not in place at the SEND's completion";
   child.Send('q');
   EXPECT_EQ(child.Wait(), 0);
+}
+
+TEST_F(Ordering, WriteDataIsVisibleWhenAFollowingSendCompletesOverTcp) {
+  CheckWriteDataIsVisibleAcrossProcesses(v, "tcp");
+}
+
+TEST_F(Ordering, WriteDataIsVisibleWhenAFollowingSendCompletesOverShm) {
+  CheckWriteDataIsVisibleAcrossProcesses(v, "shm");
 }
 
 // Large READ, WRITE and a SEND scattered over several receive SGEs, over the TCP link (where
@@ -257,6 +268,7 @@ TEST_F(Ordering, LargeTransfersOverTcpLandByteExact) {
   ForkedPeer child;
   ASSERT_TRUE(child.Start([o, parts](int up, int down) {
     ChildPipe p{up, down};
+    ForceLink("tcp");
     Verbs cv;
     if (!cv.Open()) return 10;
     Qp* q = cv.NewQp(o);

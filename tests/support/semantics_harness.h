@@ -599,6 +599,15 @@ inline bool ReadAll(int fd, void* p, size_t n) {
 // The child is forked before it opens the device, so it gets its own HCA and talks to this
 // process over TCP. It is killed and reaped when this object dies, whatever path the test took,
 // and it kills itself if the parent dies or after a watchdog period.
+// In a forked child before it opens its device: "tcp" keeps same-host peers off shared memory
+// (the child listens on no shared-memory socket, so neither side can reach the other that way).
+inline void ForceLink(const char* link) {
+  if (std::string(link) == "tcp")
+    setenv("SOFTRDMA_LINK", "tcp", 1);
+  else
+    unsetenv("SOFTRDMA_LINK");
+}
+
 class ForkedPeer {
  public:
   using Body = std::function<int(int to_parent, int from_parent)>;
@@ -616,6 +625,8 @@ class ForkedPeer {
       close(up[1]);
       return false;
     }
+    // A child that exits early must make Send() fail, not kill the test process.
+    signal(SIGPIPE, SIG_IGN);
     fflush(nullptr);
     pid_ = fork();
     if (pid_ < 0) {
