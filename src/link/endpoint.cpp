@@ -679,7 +679,13 @@ void Endpoint::Impl::Release() {
 
 void Endpoint::Impl::NoteShmPoll() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
-  shm_polled_ns.store(NowNs(), std::memory_order_relaxed);
+  int64_t now = NowNs();
+  shm_polled_ns.store(now, std::memory_order_relaxed);
+  if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
+    shm_seen_told_ns.store(now, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(shm_mu);
+    for (const auto& ch : shm) ch->Seen(now);
+  }
   if (parked.load() && !ShmPrepareSleep()) Wake();
 }
 

@@ -93,6 +93,9 @@ struct Endpoint::Impl {
   // kShmPollLeaseNs after the last poll, and is parked (sleeping without a deadline) otherwise.
   static constexpr int64_t kShmPollLeaseNs = 200'000;
   std::atomic<int64_t> shm_polled_ns{0};
+  // When the peers were last told that we poll (see kShmConsumerIdleNs), at most once a step.
+  static constexpr int64_t kShmSeenStepNs = 1'000;
+  std::atomic<int64_t> shm_seen_told_ns{0};
   std::atomic<bool> parked{false};
   // Records that arrive while an application polls ring no doorbell: the progress thread looks at
   // the rings when the poller's lease runs out, and is asked now if it is parked already.

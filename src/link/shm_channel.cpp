@@ -344,7 +344,7 @@ void ShmChannel::Ring(int fd) {
 }
 
 void ShmChannel::PublishLocked() {
-  if (tx_.Publish()) Ring(doorbell_out_);
+  if (tx_.Publish(NowNs)) Ring(doorbell_out_);
 }
 
 void ShmChannel::Send(OutFrame&& f) {

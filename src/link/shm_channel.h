@@ -50,6 +50,10 @@ class ShmChannel final : public ServedChannel {
   void Awake() {
     if (ready_.load(std::memory_order_acquire)) rx_.Awake();
   }
+  // An application thread of ours polled at `now_ns`: the peer need not ring for a while.
+  void Seen(int64_t now_ns) {
+    if (ready_.load(std::memory_order_acquire)) rx_.Seen(now_ns);
+  }
 
  private:
   struct TxItem {

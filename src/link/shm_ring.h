@@ -7,6 +7,10 @@
 // Sleeping and waking (the doorbell is an eventfd of the sleeping side):
 //   consumer about to sleep: asleep = 1; re-check the ring; sleep only if it is empty.
 //   producer: publish the tail; if asleep: asleep = 0 and ring the doorbell.
+// A consumer that is awake but whose application has not looked at the ring for a while
+// (kShmConsumerIdleNs: it may be spinning on memory, waiting for an RDMA WRITE that only this
+// record will bring) is rung as well: its progress thread, which leaves the rings to polling
+// application threads, then serves the record instead of waiting for the end of their lease.
 // Each side stores, then loads what the other stored, both sequentially consistent, so at least
 // one of them sees the other (no lost wake-up), and a consumer that is awake costs the producer no
 // system call. The same protocol, mirrored, wakes a producer waiting for room. (Sequentially
@@ -22,6 +26,8 @@ namespace softrdma::link {
 constexpr uint32_t kShmRecordAlign = 64;            // a record starts on its own cache line
 constexpr uint32_t kShmRingBytes = 1u << 20;        // per direction
 constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in records this big
+// An application that polled less than this long ago is polling: its records need no doorbell.
+constexpr int64_t kShmConsumerIdleNs = 5'000;
 
 struct alignas(64) ShmRingControl {
   std::atomic<uint64_t> tail;  // bytes published (producer)
@@ -30,9 +36,13 @@ struct alignas(64) ShmRingControl {
   char pad1[56];
   std::atomic<uint32_t> consumer_asleep;   // the consumer wants the doorbell when data arrives
   std::atomic<uint32_t> producer_blocked;  // the producer wants the doorbell when room frees
-  char pad2[56];
+  std::atomic<int64_t> consumer_seen_ns;   // CLOCK_MONOTONIC: an application last polled the ring
+  char pad2[48];
 };
 static_assert(sizeof(ShmRingControl) == 192);
+static_assert(offsetof(ShmRingControl, head) == 64);
+static_assert(offsetof(ShmRingControl, consumer_asleep) == 128);
+static_assert(offsetof(ShmRingControl, consumer_seen_ns) == 136);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 namespace shm_record {
@@ -101,11 +111,21 @@ class ShmRingProducer {
     tail_ += reserved_;
     reserved_ = 0;
   }
-  // Publishes committed records. True when the consumer sleeps and must be woken.
-  bool Publish() {
+  // Publishes committed records. True when the consumer must be woken: it sleeps, or no
+  // application of its has polled for kShmConsumerIdleNs (`now_ns` gives the time when asked).
+  // A doorbell counts as a poll: the records that follow it within kShmConsumerIdleNs ring none.
+  template <typename Clock>
+  bool Publish(Clock now_ns) {
     c_->tail.store(tail_, std::memory_order_seq_cst);
-    return c_->consumer_asleep.load(std::memory_order_seq_cst) != 0 &&
-           c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
+    bool ring;
+    if (c_->consumer_asleep.load(std::memory_order_seq_cst) != 0) {
+      ring = c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
+    } else {
+      int64_t seen = c_->consumer_seen_ns.load(std::memory_order_relaxed);
+      ring = now_ns() - seen > kShmConsumerIdleNs;
+    }
+    if (ring) c_->consumer_seen_ns.store(now_ns(), std::memory_order_relaxed);
+    return ring;
   }
   // Asks for the doorbell when room frees. False when room freed meanwhile (try again now).
   bool WaitForRoom(uint32_t bytes) {
@@ -175,6 +195,8 @@ class ShmRingConsumer {
     if (c_->consumer_asleep.load(std::memory_order_relaxed))
       c_->consumer_asleep.store(0, std::memory_order_relaxed);
   }
+  // An application thread polled (or is about to serve) the ring at `now_ns`.
+  void Seen(int64_t now_ns) { c_->consumer_seen_ns.store(now_ns, std::memory_order_relaxed); }
 
  private:
   ShmRingControl* c_ = nullptr;

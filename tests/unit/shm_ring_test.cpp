@@ -13,6 +13,7 @@ namespace softrdma::link {
 namespace {
 
 struct RingFixture {
+  int64_t now = 1'000'000'000;  // the producer's clock
   ShmRingControl ctl{};
   std::unique_ptr<uint8_t[]> data{new uint8_t[kShmRingBytes]};
   ShmRingProducer tx{&ctl, data.get()};
@@ -25,8 +26,11 @@ struct RingFixture {
     std::memcpy(p, &h, sizeof h);
     p[sizeof h] = tag;
     tx.Commit();
-    tx.Publish();
+    Publish();
     return true;
+  }
+  bool Publish() {
+    return tx.Publish([this] { return now; });
   }
   // The next non-pad record's tag, or -1 when the ring is empty.
   int Take() {
@@ -80,13 +84,31 @@ TEST(ShmRing, TheProducerRingsOnlyForASleepingConsumer) {
   ShmRecordHeader h{kShmRecordAlign, shm_record::kChunk, 0, 0, 0, 0, 0};
   std::memcpy(p, &h, sizeof h);
   r.tx.Commit();
-  EXPECT_TRUE(r.tx.Publish());  // the consumer sleeps: ring
+  EXPECT_TRUE(r.Publish());  // the consumer sleeps: ring
   r.tx.Commit();
-  EXPECT_FALSE(r.tx.Publish());       // already woken: no second doorbell
+  EXPECT_FALSE(r.Publish());          // already woken: no second doorbell
   EXPECT_FALSE(r.rx.PrepareSleep());  // data waits: do not sleep
   r.rx.Awake();
   EXPECT_NE(r.Take(), -1);
   EXPECT_TRUE(r.rx.PrepareSleep());
+}
+
+// riostream's receiver spins on its buffer after its last poll: the WRITE that ends the spin
+// waited in the ring until the progress thread's lease ran out (tens of microseconds per message).
+TEST(ShmRing, AnAwakeConsumerThatStoppedPollingIsRung) {
+  RingFixture r;
+  r.rx.Seen(r.now);  // an application polls
+  r.now += kShmConsumerIdleNs / 2;
+  EXPECT_TRUE(r.Put(kShmRecordAlign, 1));
+  EXPECT_FALSE(r.Publish()) << "the application polls: it finds the record itself";
+  r.now += kShmConsumerIdleNs;
+  EXPECT_TRUE(r.Publish()) << "no poll for longer than kShmConsumerIdleNs: ring";
+  r.now += 1;
+  EXPECT_FALSE(r.Publish()) << "the doorbell counts as a poll: no second one at once";
+  r.now += kShmConsumerIdleNs + 1;
+  EXPECT_TRUE(r.Publish());
+  r.rx.Seen(r.now);
+  EXPECT_FALSE(r.Publish());
 }
 
 TEST(ShmRing, ATailMovedBeyondTheRingReadsAsMoreThanTheRingHolds) {
