@@ -10,6 +10,7 @@
 #include "core/hca.h"
 #include "core/limits.h"
 #include "core/qp.h"
+#include "link/place.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {
@@ -64,14 +65,15 @@ bool Qp::TryDirectLocked(SendWqe& w) {
     switch (w.opcode) {
       case IBV_WR_RDMA_WRITE:
         if (inline_data) {
-          std::memcpy(remote, w.inline_buf, w.length);
+          link::PlaceBytes(remote, w.inline_buf, w.length);
         } else {
           for (uint32_t i = 0; i < n; remote += lens[i], ++i)
-            std::memcpy(remote, local[i], lens[i]);
+            link::PlaceBytes(remote, local[i], lens[i]);
         }
         break;
       case IBV_WR_RDMA_READ:
-        for (uint32_t i = 0; i < n; remote += lens[i], ++i) std::memcpy(local[i], remote, lens[i]);
+        for (uint32_t i = 0; i < n; remote += lens[i], ++i)
+          link::PlaceBytes(local[i], remote, lens[i]);
         break;
       default: {
         if (reinterpret_cast<uintptr_t>(remote) & 7) {

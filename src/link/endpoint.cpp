@@ -25,6 +25,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/place.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/udp_link.h"
@@ -250,7 +251,7 @@ class TcpChannel final : public ServedChannel {
       }
       iovec& s = target_.seg[seg_];
       size_t c = std::min(n, s.iov_len - seg_off_);
-      if (c) std::memcpy(static_cast<uint8_t*>(s.iov_base) + seg_off_, src, c);
+      if (c) PlaceBytes(static_cast<uint8_t*>(s.iov_base) + seg_off_, src, c);
       src += c;
       n -= c;
       remaining_ -= c;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "link/frame_codec.h"
+#include "link/place.h"
 
 namespace softrdma::link {
 namespace {
@@ -129,7 +130,7 @@ void UdpLink::OnReadable() {
     size_t left = h.payload_len;
     for (int s = 0; s < t.nseg && left > 0; ++s) {
       size_t c = t.seg[s].iov_len < left ? t.seg[s].iov_len : left;
-      std::memcpy(t.seg[s].iov_base, payload, c);
+      PlaceBytes(t.seg[s].iov_base, payload, c);
       payload += c;
       left -= c;
     }

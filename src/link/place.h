@@ -1,0 +1,42 @@
+// Writing a payload into application memory the way an HCA places it: every byte once, in
+// ascending address order, so the last bytes land last.
+//
+// Applications poll the last byte of an RDMA WRITE's destination and, once it changes, use the
+// buffer: riostream then writes its next marker into that very byte and sends the buffer back.
+// memcpy promises neither order nor single stores: glibc's AVX-512 copy of 64 bytes stores the
+// same 64 bytes twice (the marker written between the two stores was overwritten, and both
+// riostream processes spun forever), and its copies of more than eight vectors store the first
+// vector last (a poller of the last byte would read stale head bytes).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace softrdma::link {
+
+// The bytes at the end that are written one store at a time, after all the others.
+constexpr size_t kPlaceTailBytes = 64;
+
+inline void PlaceBytes(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t i = n > kPlaceTailBytes ? n - kPlaceTailBytes : 0;
+  if (i) std::memcpy(d, s, i);
+  // The bulk is complete before the tail (glibc fences its non-temporal stores; on x86 ordinary
+  // stores stay in order, elsewhere this fence orders them).
+  std::atomic_thread_fence(std::memory_order_release);
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s + i, 8);
+    std::memcpy(d + i, &w, 8);
+    asm volatile("" ::: "memory");  // keeps the compiler from turning the loop back into memcpy
+  }
+  for (; i < n; ++i) {
+    d[i] = s[i];
+    asm volatile("" ::: "memory");
+  }
+}
+
+}  // namespace softrdma::link
