@@ -40,8 +40,8 @@ uint32_t MrTable::Insert(const Mr& mr) {
     std::unique_lock<std::shared_mutex> g(mu_);
     for (;;) {
       uint32_t key = RandomKey();
-      if (key == 0 || key == link::kWindowTombstone || by_key_.count(key))
-        continue;  // 0 stays invalid so it never matches by chance
+      if (key == 0 || key == link::kWindowTombstone || by_key_.count(key) || mws_.count(key >> 8))
+        continue;  // 0 stays invalid so it never matches by chance; windows own their 24 bits
       m.key = key;
       by_key_.emplace(key, m);
       break;
@@ -51,12 +51,16 @@ uint32_t MrTable::Insert(const Mr& mr) {
   return m.key;
 }
 
-bool MrTable::Remove(uint32_t key) {
+bool MrTable::Remove(uint32_t key, bool* busy) {
   Mr old;
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     auto it = by_key_.find(key);
     if (it == by_key_.end()) return false;
+    if (auto b = mws_on_mr_.find(key); b != mws_on_mr_.end() && b->second > 0) {
+      if (busy) *busy = true;
+      return false;
+    }
     old = it->second;
     by_key_.erase(it);
   }
@@ -102,11 +106,12 @@ size_t MrTable::size() const {
 }
 
 uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
-                          bool local, KeyCheck* why) const {
+                          bool local, KeyCheck* why, uint32_t qpn) const {
   std::shared_lock<std::shared_mutex> g(mu_);
   auto it = by_key_.find(key);
   if (it == by_key_.end()) {
-    *why = KeyCheck::kBadKey;
+    if (!local) return ResolveWindowLocked(key, pd, va, len, access, why, qpn);
+    *why = KeyCheck::kBadKey;  // a window's key is no local key
     return nullptr;
   }
   const Mr& m = it->second;
@@ -126,6 +131,133 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
   }
   *why = KeyCheck::kOk;
   return m.addr + (va - base);
+}
+
+namespace {
+
+// Overflow-safe: [va, va+len) lies within [base, base+length).
+bool Within(uint64_t va, uint64_t len, uint64_t base, uint64_t length) {
+  return va >= base && va - base <= length && len <= length - (va - base);
+}
+
+constexpr uint32_t kMwIndexMask = 0xffffff;
+
+}  // namespace
+
+uint8_t* MrTable::ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
+                                      int access, KeyCheck* why, uint32_t qpn) const {
+  auto it = mws_.find(key >> 8);
+  if (it == mws_.end() || !it->second.bound || it->second.rkey != key) {
+    *why = KeyCheck::kBadKey;
+    return nullptr;
+  }
+  const Mw& w = it->second;
+  if (w.pd != pd) {
+    *why = KeyCheck::kBadPd;
+    return nullptr;
+  }
+  if (w.type == 2 && w.qpn != qpn) {  // IBTA o10-37: a type 2 window answers its own QP only
+    *why = KeyCheck::kBadKey;
+    return nullptr;
+  }
+  if (!Within(va, len, w.base, w.length)) {
+    *why = KeyCheck::kBadRange;
+    return nullptr;
+  }
+  if ((w.access & access) != access) {
+    *why = KeyCheck::kBadAccess;
+    return nullptr;
+  }
+  auto m = by_key_.find(w.mr_key);  // present: a region with bound windows is not deregistered
+  if (m == by_key_.end()) {
+    *why = KeyCheck::kBadKey;
+    return nullptr;
+  }
+  *why = KeyCheck::kOk;
+  return m->second.addr + w.offset + (va - w.base);
+}
+
+uint32_t MrTable::AllocMw(const Pd* pd, int type) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  for (;;) {
+    uint32_t index = RandomKey() & kMwIndexMask;
+    // Index 0 would give key 0; the last index's last tag is the window table's tombstone.
+    if (index == 0 || index == kMwIndexMask || mws_.count(index)) continue;
+    bool taken = false;
+    for (const auto& [key, mr] : by_key_) taken = taken || (key >> 8) == index;
+    if (taken) continue;
+    uint32_t rkey = index << 8 | (RandomKey() & 0xff);
+    mws_.emplace(index, Mw{pd, type, rkey});
+    return rkey;
+  }
+}
+
+void MrTable::FreeMw(uint32_t rkey) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = mws_.find(rkey >> 8);
+  if (it == mws_.end()) return;
+  if (it->second.bound) --mws_on_mr_[it->second.mr_key];
+  mws_.erase(it);
+}
+
+bool MrTable::GetMw(uint32_t rkey, Mw* out) const {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  auto it = mws_.find(rkey >> 8);
+  if (it == mws_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+ibv_wc_status MrTable::BindMw(const Bind& b) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = mws_.find(b.mw_rkey >> 8);
+  if (it == mws_.end()) return IBV_WC_MW_BIND_ERR;
+  Mw& w = it->second;
+  // Type 1 windows bind through ibv_bind_mw, type 2 through a work request, and a type 2 window
+  // must be invalidated before it binds again, keeping its index in the new key.
+  if (w.pd != b.pd || b.type1 != (w.type == 1)) return IBV_WC_MW_BIND_ERR;
+  if (w.type == 2 && (w.bound || (b.new_rkey >> 8) != (w.rkey >> 8))) return IBV_WC_MW_BIND_ERR;
+  auto unbind = [&] {
+    if (w.bound) --mws_on_mr_[w.mr_key];
+    w.bound = false;
+  };
+  if (w.type == 1 && b.length == 0) {  // ibv_alloc_mw(3): a zero-length bind invalidates
+    unbind();
+    w.rkey = b.new_rkey;
+    return IBV_WC_SUCCESS;
+  }
+  auto m = by_key_.find(b.mr_key);
+  if (m == by_key_.end()) return IBV_WC_MW_BIND_ERR;
+  const Mr& mr = m->second;
+  if (mr.pd != w.pd || !(mr.access & IBV_ACCESS_MW_BIND)) return IBV_WC_MW_BIND_ERR;
+  // Remote writes and atomics through the window need local write on the region (ibv_bind_mw(3)).
+  if ((b.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(mr.access & IBV_ACCESS_LOCAL_WRITE))
+    return IBV_WC_MW_BIND_ERR;
+  if (!Within(b.addr, b.length, mr.iova, mr.length)) return IBV_WC_MW_BIND_ERR;
+  unbind();
+  w.bound = true;
+  w.rkey = b.new_rkey;
+  w.mr_key = b.mr_key;
+  w.offset = b.addr - mr.iova;
+  w.base = (b.access & IBV_ACCESS_ZERO_BASED) ? 0 : b.addr;
+  w.length = b.length;
+  w.access = b.access & kRemoteRights;
+  w.qpn = b.qpn;
+  ++mws_on_mr_[b.mr_key];
+  return IBV_WC_SUCCESS;
+}
+
+bool MrTable::InvalidateMw(uint32_t rkey, const Pd* pd, uint32_t qpn) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto it = mws_.find(rkey >> 8);
+  if (it == mws_.end()) return false;
+  Mw& w = it->second;
+  if (w.type != 2 || !w.bound || w.rkey != rkey || w.pd != pd) return false;
+  if (qpn != 0 && w.qpn != qpn) return false;  // remote invalidation: through its own QP only
+  --mws_on_mr_[w.mr_key];
+  w.bound = false;
+  return true;
 }
 
 }  // namespace softrdma::core

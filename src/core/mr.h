@@ -2,6 +2,8 @@
 // a work request or a remote peer goes through Resolve(), which checks key, PD, bounds and rights.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -22,13 +24,30 @@ struct Mr {
   uint32_t key;   // lkey == rkey
 };
 
+// A memory window: remote access to part of a region, under its own key. The key's upper 24 bits
+// name the window for its whole life; a bind changes the low 8 (ibv_inc_rkey(3)).
+struct Mw {
+  const Pd* pd;
+  int type;  // 1, or 2 (bound by a work request, to a queue pair)
+  uint32_t rkey;
+  bool bound = false;
+  uint32_t mr_key = 0;  // the region it is bound to
+  uint64_t base = 0;    // remote address of the window's first byte (0 when zero-based)
+  uint64_t offset = 0;  // where the window starts in the region, in bytes
+  uint64_t length = 0;
+  int access = 0;    // the remote rights the bind granted
+  uint32_t qpn = 0;  // type 2: the only QP through which it may be reached
+};
+
 enum class KeyCheck { kOk, kBadKey, kBadPd, kBadRange, kBadAccess };
 
 class MrTable {
  public:
   // Assigns a fresh unpredictable key and publishes the region.
   uint32_t Insert(const Mr& mr);
-  bool Remove(uint32_t key);
+  // False when there is no such region, or (with *busy set) while windows are bound to it:
+  // ibv_dereg_mr(3) fails then.
+  bool Remove(uint32_t key, bool* busy = nullptr);
   bool Update(uint32_t key, const Mr& mr);  // rereg: same key, new attributes
   bool Get(uint32_t key, Mr* out) const;
   size_t size() const;
@@ -36,12 +55,36 @@ class MrTable {
   // Translates [va, va+len) under `key` into host memory, checking that the key exists, belongs to
   // `pd`, covers the range, and grants every bit of `access`. `local` selects address space:
   // local SGEs address host memory directly, remote requests address the region's iova.
+  // A remote key may also name a bound window; `qpn` is the QP the request came through.
   uint8_t* Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access, bool local,
-                   KeyCheck* why) const;
+                   KeyCheck* why, uint32_t qpn = 0) const;
+
+  // Memory windows. Alloc returns the first key, whose upper 24 bits name the window.
+  uint32_t AllocMw(const Pd* pd, int type);
+  void FreeMw(uint32_t rkey);
+  struct Bind {
+    uint32_t mw_rkey;   // the window's current key (its upper bits name it)
+    uint32_t new_rkey;  // what it is reached by afterwards
+    const Pd* pd;       // the binding QP's
+    uint32_t qpn;
+    uint32_t mr_key;  // 0 with length 0: unbind (type 1)
+    uint64_t addr, length;
+    int access;
+    bool type1;  // through ibv_bind_mw, not a work request
+  };
+  // IBV_WC_SUCCESS, or the status the bind's completion carries.
+  ibv_wc_status BindMw(const Bind& b);
+  // Invalidates the type 2 window reached by `rkey` (LOCAL_INV, or SEND_WITH_INV when `qpn`).
+  bool InvalidateMw(uint32_t rkey, const Pd* pd, uint32_t qpn);
+  bool GetMw(uint32_t rkey, Mw* out) const;
 
  private:
+  uint8_t* ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
+                               KeyCheck* why, uint32_t qpn) const;
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, Mr> by_key_;
+  std::unordered_map<uint32_t, Mw> mws_;         // by key >> 8
+  std::unordered_map<uint32_t, int> mws_on_mr_;  // region key -> windows bound to it
 };
 
 }  // namespace softrdma::core

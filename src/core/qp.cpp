@@ -302,6 +302,9 @@ WrOpRule RuleFor(int op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
       return {true, true, false};
+    case IBV_WR_BIND_MW:  // ibv_bind_mw(3): UC, RC (and XRC_SEND)
+    case IBV_WR_LOCAL_INV:
+      return {true, true, false};
     case IBV_WR_SEND_WITH_INV:
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -314,13 +317,20 @@ WrOpRule RuleFor(int op) {
 
 }  // namespace
 
-int Qp::ValidateWr(const ibv_send_wr& wr) const {
+int Qp::ValidateWr(const ibv_send_wr& wr, bool type1_bind) const {
   int raw_opcode;
   std::memcpy(&raw_opcode, &wr.opcode, sizeof raw_opcode);
   WrOpRule rule = RuleFor(raw_opcode);
   bool ok = (type_ == IBV_QPT_RC && rule.rc) || (type_ == IBV_QPT_UC && rule.uc) ||
             (type_ == IBV_QPT_UD && rule.ud);
   if (!ok) return EINVAL;
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    // A work request binds type 2 windows; type 1 windows bind through ibv_bind_mw(3) only.
+    const ibv_mw* mw = wr.bind_mw.mw;
+    if (!mw || mw->type != (type1_bind ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2)) return EINVAL;
+    if (!wr.bind_mw.bind_info.mr && wr.bind_mw.bind_info.length != 0) return EINVAL;
+    return 0;
+  }
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_send_sge) return EINVAL;
   if (wr.num_sge > 0 && !wr.sg_list) return EINVAL;
   if (type_ == IBV_QPT_UD && !wr.wr.ud.ah) return EINVAL;
@@ -335,7 +345,8 @@ int Qp::ValidateWr(const ibv_send_wr& wr) const {
   return 0;
 }
 
-int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch) {
+int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch,
+                 bool type1_bind) {
   std::lock_guard<std::mutex> g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET || state_ == IBV_QPS_INIT || state_ == IBV_QPS_RTR) {
     *bad = wr;
@@ -355,7 +366,7 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
     }
   }
   for (; wr; wr = wr->next) {
-    int r = ValidateWr(*wr);
+    int r = ValidateWr(*wr, type1_bind);
     if (r) {
       SOFTRDMA_LOG("qp %#x: post_send opcode %d refused (%d)", qpn_, wr->opcode, r);
       *bad = wr;
@@ -391,6 +402,17 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
         w.compare_add = wr->wr.atomic.compare_add;
         w.swap = wr->wr.atomic.swap;
         break;
+      case IBV_WR_BIND_MW: {
+        const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+        w.mw_rkey = wr->bind_mw.mw->handle << 8;  // the handle is the window's index
+        w.rkey = wr->bind_mw.rkey;
+        w.bind_mr_key = b.mr ? b.mr->lkey : 0;
+        w.remote_addr = b.addr;
+        w.bind_len = b.length;
+        w.bind_access = static_cast<int>(b.mw_access_flags);
+        w.bind_type1 = type1_bind;
+        break;
+      }
       default:
         break;
     }
@@ -400,7 +422,10 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
       w.remote_qkey = wr->wr.ud.remote_qkey;
     }
     w.length = 0;
-    if (wr->send_flags & IBV_SEND_INLINE) {
+    bool local_op = wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV;
+    if (local_op) {
+      w.num_sge = 0;  // no payload, whatever the list says
+    } else if (wr->send_flags & IBV_SEND_INLINE) {
       // Inline data is copied now: the caller may reuse its buffers as soon as we return.
       for (int i = 0; i < wr->num_sge; ++i) {
         const ibv_sge& s = wr->sg_list[i];

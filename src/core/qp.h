@@ -71,6 +71,11 @@ struct SendWqe {
   ibv_sge* sge;         // this WQE's slice of the QP's SGE pool
   uint8_t* inline_buf;  // this WQE's slice of the inline pool, when IBV_SEND_INLINE
   uint32_t length;      // payload bytes (sum of SGEs or inline length)
+  // IBV_WR_BIND_MW (rkey holds the new key, remote_addr the window's start).
+  uint32_t mw_rkey, bind_mr_key;
+  uint64_t bind_len;
+  int bind_access;
+  bool bind_type1;
   uint32_t psn;
   bool sent, done;
   ibv_wc_status status;
@@ -102,7 +107,9 @@ class Qp : public std::enable_shared_from_this<Qp> {
   int Query(ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
   // `whole_batch` (ibv_wr_complete): refuse the entire chain if any WR of it would be refused,
   // instead of posting the WRs before the bad one as ibv_post_send does.
-  int PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch = false);
+  // `type1_bind`: the one WR is ibv_bind_mw(3)'s bind of a type 1 window.
+  int PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch = false,
+               bool type1_bind = false);
   int PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   // Waits for inbound frames that target the QP to finish, then detaches it from the HCA.
   void Shutdown();
@@ -128,7 +135,9 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void PublishEndpointLocked();
   // An RDMA WRITE, READ or atomic done on the peer's memory directly; false: take the long way.
   bool TryDirectLocked(SendWqe& w);
-  int ValidateWr(const ibv_send_wr& wr) const;
+  int ValidateWr(const ibv_send_wr& wr, bool type1_bind = false) const;
+  // Binds and invalidations run when the requester reaches them, without a frame.
+  ibv_wc_status RunLocalOpLocked(const SendWqe& w);
   void PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited);
   void RaiseAsync(ibv_event_type type);
 

@@ -203,6 +203,22 @@ void Qp::RunRequesterLocked() {
       ++next_;
       continue;
     }
+    if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) {
+      // Local operations wait for everything before them (responses map PSNs onto the WQEs in
+      // flight one to one, and a bind must not change a key a request in flight still uses).
+      if (head_ != next_) return;
+      uint64_t idx = next_;
+      ibv_wc_status st = RunLocalOpLocked(w);
+      if (st != IBV_WC_SUCCESS) {
+        FailHeadLocked(idx, st);
+        return;
+      }
+      w.sent = w.done = true;
+      w.status = IBV_WC_SUCCESS;
+      ++next_;
+      RetireLocked();
+      continue;
+    }
     bool rd = MapWr(w.opcode).read_or_atomic;
     if (type_ == IBV_QPT_RC) {
       if ((w.send_flags & IBV_SEND_FENCE) && rd_outstanding_ > 0) return;
@@ -261,6 +277,22 @@ int64_t Qp::RetransmitTimerLocked(int64_t now) {
   retransmit_deadline_ = INT64_MAX;
   RunRequesterLocked();
   return retransmit_deadline_;
+}
+
+ibv_wc_status Qp::RunLocalOpLocked(const SendWqe& w) {
+  if (w.opcode == IBV_WR_LOCAL_INV)
+    return hca_.mrs().InvalidateMw(w.imm_or_rkey, pd_, 0) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
+  MrTable::Bind b{};
+  b.mw_rkey = w.mw_rkey;
+  b.new_rkey = w.rkey;
+  b.pd = pd_;
+  b.qpn = qpn_;
+  b.mr_key = w.bind_mr_key;
+  b.addr = w.remote_addr;
+  b.length = w.bind_len;
+  b.access = w.bind_access;
+  b.type1 = w.bind_type1;
+  return hca_.mrs().BindMw(b);
 }
 
 }  // namespace softrdma::core

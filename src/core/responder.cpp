@@ -169,7 +169,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (len > 0) {
       KeyCheck why;
       uint8_t* host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len,
-                                         IBV_ACCESS_REMOTE_WRITE, false, &why);
+                                         IBV_ACCESS_REMOTE_WRITE, false, &why, qpn_);
       if (!host) {
         w.kind = RxWork::kDrop;
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
@@ -232,6 +232,14 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
         t.nseg = 0;
       }
     }
+    // SEND_WITH_INV: the type 2 window the key names, bound through this QP, is invalidated
+    // (as rxe: otherwise both sides complete with REM_INV_REQ_ERR).
+    if (info.has(kHasIeth) && w.recv_status == IBV_WC_SUCCESS &&
+        !hca_.mrs().InvalidateMw(w.imm, pd_, qpn_)) {
+      w.recv_status = IBV_WC_REM_INV_REQ_ERR;
+      w.nak = wire::aeth::kNakInvalidRequest;
+      t.nseg = 0;
+    }
   }
 
   if (info.mask & kIsRead) {
@@ -243,7 +251,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (len > 0) {
       KeyCheck why;
       host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len, IBV_ACCESS_REMOTE_READ, false,
-                                &why);
+                                &why, qpn_);
       if (!host)
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     }
@@ -260,8 +268,8 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) || (a->addr() & 7))
       return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     KeyCheck why;
-    uint8_t* host =
-        hca_.mrs().Resolve(a->key(), pd_, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC, false, &why);
+    uint8_t* host = hca_.mrs().Resolve(a->key(), pd_, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC, false,
+                                       &why, qpn_);
     if (!host)
       return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     auto* target = reinterpret_cast<uint64_t*>(host);

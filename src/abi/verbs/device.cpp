@@ -53,12 +53,14 @@ void FillDeviceAttr(const core::Hca& hca, ibv_device_attr* a) {
   a->max_qp_wr = kMaxQpWr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
                         IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_N_NOTIFY_CQ |
-                        IBV_DEVICE_SHUTDOWN_PORT;
+                        IBV_DEVICE_SHUTDOWN_PORT | IBV_DEVICE_MEM_WINDOW |
+                        IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a->max_sge = kMaxSge;
   a->max_sge_rd = kMaxSge;
   a->max_cq = kMaxCq;
   a->max_cqe = kMaxCqe;
   a->max_mr = kMaxMr;
+  a->max_mw = kMaxMr;
   a->max_pd = kMaxPd;
   a->max_qp_rd_atom = kMaxRdAtomic;
   a->max_res_rd_atom = kMaxRdAtomic * kMaxQp;

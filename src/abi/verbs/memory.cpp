@@ -157,7 +157,8 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return EINVAL;
   core::Hca& hca = CoreOf(mr->context).hca();
-  if (!hca.mrs().Remove(mr->lkey)) return EINVAL;
+  bool busy = false;
+  if (!hca.mrs().Remove(mr->lkey, &busy)) return busy ? EBUSY : EINVAL;  // windows still bound
   // Read responses still queued may point into the region the caller is about to free.
   hca.SecureQueuedPayloads();
   --VerbsPd::From(mr->pd)->users;

@@ -42,6 +42,11 @@ struct VerbsMr {
   static VerbsMr* From(ibv_mr* m) { return reinterpret_cast<VerbsMr*>(m); }
 };
 
+struct VerbsMw {
+  ibv_mw ibv;  // handle: the window's index (the upper 24 bits of every key it has)
+  static VerbsMw* From(ibv_mw* m) { return reinterpret_cast<VerbsMw*>(m); }
+};
+
 struct VerbsCompChannel {
   ibv_comp_channel ibv;
   core::CompChannel core;

@@ -37,10 +37,12 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
     constexpr uint64_t kOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                               IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                               IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                              IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+                              IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV |
+                              IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     // What each transport can carry (ibv_create_qp_ex(3): unsupported operations fail creation).
     constexpr uint64_t kUcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-                                IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+                                IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                                IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     uint64_t allowed = a->qp_type == IBV_QPT_RC ? kOps : a->qp_type == IBV_QPT_UC ? kUcOps : kUdOps;
     if (send_ops & ~allowed) return Fail<ibv_qp>(EOPNOTSUPP);
@@ -288,11 +290,14 @@ void WrFetchAdd(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, uint64_t add) {
 void WrUnsupported(ibv_qp_ex* q) {
   if (Q(q)->builder) Q(q)->builder->error = EOPNOTSUPP;
 }
-void WrBindMw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) {
-  WrUnsupported(q);
+void WrBindMw(ibv_qp_ex* q, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+  ibv_send_wr* wr = NewWr(q, IBV_WR_BIND_MW);
+  wr->bind_mw.mw = mw;
+  wr->bind_mw.rkey = rkey;
+  if (info) wr->bind_mw.bind_info = *info;
 }
-void WrLocalInv(ibv_qp_ex* q, uint32_t) {
-  WrUnsupported(q);
+void WrLocalInv(ibv_qp_ex* q, uint32_t rkey) {
+  NewWr(q, IBV_WR_LOCAL_INV)->invalidate_rkey = rkey;
 }
 void WrSendTso(ibv_qp_ex* q, void*, uint16_t, uint16_t) {
   WrUnsupported(q);
