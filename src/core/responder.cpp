@@ -397,8 +397,8 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   ++msn_;
   ack_pending_ = true;
   ack_psn_ = w.psn;
-  ResponseChannelLocked(ch);
-  if (ack_defer_) {
+  std::shared_ptr<link::Channel> ack_ch = ResponseChannelLocked(ch);
+  if (ack_defer_ && !ack_ch->frames_are_cheap()) {
     // The application is expected to answer: completions are visible now (the ACK will follow
     // within kAckDeferNs, or with the answer), and the timer bounds the wait.
     ReleaseHeldCompletionsLocked();

@@ -618,10 +618,14 @@ void Endpoint::Impl::Loop() {
     timespec* timeout = nullptr;  // indefinitely
     if (shm_count.load(std::memory_order_relaxed) > 0) {
       int64_t since = NowNs() - shm_polled_ns.load(std::memory_order_relaxed);
-      if (since < kShmPollLeaseNs) {
-        wait.tv_nsec = kShmPollLeaseNs - since;
+      if (since < shm_lease_ns) {
+        int64_t left = shm_lease_ns - since;
+        wait.tv_sec = left / 1'000'000'000;
+        wait.tv_nsec = left % 1'000'000'000;
         timeout = &wait;
+        shm_lease_ns = std::min(shm_lease_ns * 2, kShmPollLeaseMaxNs);
       } else {
+        shm_lease_ns = kShmPollLeaseNs;
         parked.store(true);
         if (!ShmPrepareSleep()) timeout = &wait;  // records waiting: do not sleep
       }

@@ -92,6 +92,12 @@ struct Endpoint::Impl {
   // An application thread polled: the progress thread leaves the rings to pollers for
   // kShmPollLeaseNs after the last poll, and is parked (sleeping without a deadline) otherwise.
   static constexpr int64_t kShmPollLeaseNs = 200'000;
+  // While the application keeps polling, each lease the progress thread finds renewed doubles the
+  // next, up to this: it wakes (and preempts the poller) rarely. Producers ring a consumer that
+  // stopped polling (kShmConsumerIdleNs), so only a record published just before the last poll
+  // waits for the lease's end.
+  static constexpr int64_t kShmPollLeaseMaxNs = 1'000'000;
+  int64_t shm_lease_ns = kShmPollLeaseNs;  // progress thread only
   std::atomic<int64_t> shm_polled_ns{0};
   // When the peers were last told that we poll (see kShmConsumerIdleNs), at most once a step.
   static constexpr int64_t kShmSeenStepNs = 1'000;

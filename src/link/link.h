@@ -73,6 +73,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual bool is_loopback() const = 0;
   // Connectionless (UDP): no hello, no replies.
   virtual bool is_datagram() const { return false; }
+  // A frame reaches a polling peer without a system call or a wake-up (shared memory): an ACK
+  // may leave at once instead of waiting, under a timer, for an answer to ride with.
+  virtual bool frames_are_cheap() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.

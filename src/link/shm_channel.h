@@ -38,6 +38,7 @@ class ShmChannel final : public ServedChannel {
   PeerWindows* direct() override { return peer_windows_.load(std::memory_order_acquire); }
 
   int fd() const { return sock_; }
+  bool frames_are_cheap() const override { return true; }
   void OnEvents(uint32_t events) override;  // the Unix socket
   bool TxPending() override;
   void OwnQueuedPayloads() override;
