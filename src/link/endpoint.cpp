@@ -679,12 +679,11 @@ void Endpoint::Impl::Release() {
   ev.data.ptr = nullptr;
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
   // Claim() told the producers not to ring; a parked progress thread must hear them again.
-  NoteShmPoll();
+  NoteShmPoll(NowNs());
 }
 
-void Endpoint::Impl::NoteShmPoll() {
+void Endpoint::Impl::NoteShmPoll(int64_t now) {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
-  int64_t now = NowNs();
   shm_polled_ns.store(now, std::memory_order_relaxed);
   if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
     shm_seen_told_ns.store(now, std::memory_order_relaxed);
@@ -697,6 +696,7 @@ void Endpoint::Impl::NoteShmPoll() {
 bool Endpoint::Impl::PollOnce(bool wait) {
   if (!wait && shm_count.load(std::memory_order_relaxed) > 0) {
     // Records in a ring are found without a system call; serve them before asking epoll.
+    int64_t now = NowNs();  // once per poll: the clock costs as much as the rest of an empty poll
     bool ready = ShmRxReady();
     if (ready && progress_mu.try_lock()) {
       int handled = ServeShm();
@@ -704,15 +704,14 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       sink.OnBatchEnd();
       RunTimers();
       progress_mu.unlock();
-      NoteShmPoll();
+      NoteShmPoll(NowNs());  // after the work: the poll that follows may be microseconds away
       return handled > 0;
     }
-    NoteShmPoll();
+    NoteShmPoll(now);
     if (ready) return false;
     // Sockets are asked only now and then: the three system calls of a claimed poll would delay
     // the next record by a microsecond or more, and the progress thread, whose epoll set stays
     // armed meanwhile, serves the sockets anyway.
-    int64_t now = NowNs();
     if (now - sockets_polled_ns.load(std::memory_order_relaxed) < kSocketPollIntervalNs &&
         loop_frames_pending.load(std::memory_order_relaxed) == 0)
       return false;

@@ -105,7 +105,7 @@ struct Endpoint::Impl {
   std::atomic<bool> parked{false};
   // Records that arrive while an application polls ring no doorbell: the progress thread looks at
   // the rings when the poller's lease runs out, and is asked now if it is parked already.
-  void NoteShmPoll();
+  void NoteShmPoll(int64_t now_ns);
   std::vector<std::shared_ptr<ShmChannel>> shm_ready;  // ServeShm's scratch (progress_mu)
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
