@@ -242,6 +242,10 @@ class Cm {
   uint32_t next_comm_id_ = 0;
   std::map<std::pair<uint16_t, uint16_t>, std::set<CmId*>> listeners_;  // (ps, port)
   std::map<std::string, Peer*> peers_by_key_;
+  // Closed peers, freed by the service thread between batches. A member, not a global: the Cm is
+  // never destroyed, while a global's destructor ran at exit under the running service thread
+  // (ThreadSanitizer: heap-use-after-free in Run).
+  std::vector<Peer*> graveyard_;
   std::set<Peer*> peers_;
   std::set<CmId*> timed_;
 

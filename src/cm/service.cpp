@@ -32,8 +32,6 @@ constexpr uint64_t kWakeTag = 2;
 constexpr int kConnectTimeoutMs = 2000;
 constexpr size_t kReadChunk = 16384;
 
-std::vector<Peer*> g_graveyard;  // closed peers, freed by the service thread between batches
-
 void SetNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -211,7 +209,7 @@ void Cm::ClosePeer(Peer* p) {
   p->fd = -1;
   if (!p->key.empty()) peers_by_key_.erase(p->key);
   peers_.erase(p);
-  g_graveyard.push_back(p);
+  graveyard_.push_back(p);
 }
 
 void Cm::OnReadable(Peer* p) {
@@ -291,8 +289,8 @@ void Cm::Run() {
     int timeout = -1;
     {
       std::lock_guard<std::mutex> g(mu);
-      for (Peer* p : g_graveyard) delete p;
-      g_graveyard.clear();
+      for (Peer* p : graveyard_) delete p;
+      graveyard_.clear();
       uint64_t now = NowNs();
       auto consider = [&](uint64_t deadline) {
         uint64_t left = deadline > now ? (deadline - now) / 1000000 + 1 : 0;

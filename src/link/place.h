@@ -35,16 +35,16 @@ inline void PlaceBytes(void* dst, const void* src, size_t n) {
   size_t i = n > kPlaceTailBytes ? n - kPlaceTailBytes : 0;
   if (i) std::memcpy(d, s, i);
   OrderStores();  // the bulk is complete before the tail
+  // The tail through volatile stores, each one instruction: no memcpy here (its small copies
+  // store overlapping words too), and aligned words so that each store is a single one.
+  volatile uint8_t* vd = d;
+  for (; i < n && (reinterpret_cast<uintptr_t>(d + i) & 7) != 0; ++i) vd[i] = s[i];
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
-    std::memcpy(&w, s + i, 8);
-    std::memcpy(d + i, &w, 8);
-    asm volatile("" ::: "memory");  // keeps the compiler from turning the loop back into memcpy
+    std::memcpy(&w, s + i, 8);  // a load: any width is fine
+    *reinterpret_cast<volatile uint64_t*>(d + i) = w;
   }
-  for (; i < n; ++i) {
-    d[i] = s[i];
-    asm volatile("" ::: "memory");
-  }
+  for (; i < n; ++i) vd[i] = s[i];
 }
 
 }  // namespace softrdma::link
