@@ -113,7 +113,7 @@ int Cm::DestroyChannel(EventChannel* c) {
     return true;
   });
   for (CmEvent* e : left) delete e;
-  delete c;
+  if (c->queue.Close()) delete c;
   return 0;
 }
 

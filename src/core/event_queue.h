@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 
@@ -50,13 +51,16 @@ class EventQueue {
     for (;;) {
       uint64_t v;
       ssize_t r = read(fd_, &v, sizeof v);
-      std::lock_guard<std::mutex> g(mu_);
+      std::unique_lock<std::mutex> g(mu_);
       if (r != sizeof v) {
         --readers_;
         return r < 0 ? errno : EIO;
       }
       if (items_.empty()) {  // the count of a purged item
         if (stale_ > 0) --stale_;
+        // Closed meanwhile (see Close): stay here for good, as a read() blocked on a descriptor
+        // another thread closes does, rather than read the closed descriptor.
+        if (closed_) never_.wait(g, [] { return false; });
         continue;
       }
       --readers_;
@@ -64,6 +68,16 @@ class EventQueue {
       items_.pop_front();
       return 0;
     }
+  }
+
+  // The owner is about to destroy the queue. True: do so. False: a reader is inside Pop, so the
+  // queue must stay (leaked): a program that destroys a channel while one of its threads waits on
+  // it (rping's CM thread, when the main thread destroys the id whose DISCONNECTED woke it) sees
+  // that thread wait for good, as with the kernel's descriptors, not fail with EBADF.
+  bool Close() {
+    std::lock_guard<std::mutex> g(mu_);
+    closed_ = true;
+    return readers_ == 0;
   }
 
   size_t size() {
@@ -112,6 +126,8 @@ class EventQueue {
   std::deque<T> items_;
   int readers_ = 0;     // threads inside Pop
   uint64_t stale_ = 0;  // counts in the eventfd whose items were purged
+  bool closed_ = false;
+  std::condition_variable never_;  // what a reader of a closed queue waits on
 };
 
 }  // namespace softrdma::core

@@ -24,7 +24,8 @@ SOFTRDMA_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) 
 SOFTRDMA_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (!channel) return EINVAL;
   if (channel->refcnt > 0) return EBUSY;
-  delete VerbsCompChannel::From(channel);
+  VerbsCompChannel* c = VerbsCompChannel::From(channel);
+  if (c->core.events.Close()) delete c;  // else a thread waits in it: see EventQueue::Close
   return 0;
 }
 
