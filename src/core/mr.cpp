@@ -2,6 +2,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <mutex>
 #include <random>
 
@@ -57,7 +58,8 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     std::unique_lock<std::shared_mutex> g(mu_);
     auto it = by_key_.find(key);
     if (it == by_key_.end()) return false;
-    if (auto b = mws_on_mr_.find(key); b != mws_on_mr_.end() && b->second > 0) {
+    if (std::any_of(mws_.begin(), mws_.end(),
+                    [&](const auto& m) { return m.second.bound && m.second.mr_key == key; })) {
       if (busy) *busy = true;
       return false;
     }
@@ -194,18 +196,7 @@ uint32_t MrTable::AllocMw(const Pd* pd, int type) {
 
 void MrTable::FreeMw(uint32_t rkey) {
   std::unique_lock<std::shared_mutex> g(mu_);
-  auto it = mws_.find(rkey >> 8);
-  if (it == mws_.end()) return;
-  if (it->second.bound) --mws_on_mr_[it->second.mr_key];
-  mws_.erase(it);
-}
-
-bool MrTable::GetMw(uint32_t rkey, Mw* out) const {
-  std::shared_lock<std::shared_mutex> g(mu_);
-  auto it = mws_.find(rkey >> 8);
-  if (it == mws_.end()) return false;
-  *out = it->second;
-  return true;
+  mws_.erase(rkey >> 8);
 }
 
 ibv_wc_status MrTable::BindMw(const Bind& b) {
@@ -217,12 +208,8 @@ ibv_wc_status MrTable::BindMw(const Bind& b) {
   // must be invalidated before it binds again, keeping its index in the new key.
   if (w.pd != b.pd || b.type1 != (w.type == 1)) return IBV_WC_MW_BIND_ERR;
   if (w.type == 2 && (w.bound || (b.new_rkey >> 8) != (w.rkey >> 8))) return IBV_WC_MW_BIND_ERR;
-  auto unbind = [&] {
-    if (w.bound) --mws_on_mr_[w.mr_key];
-    w.bound = false;
-  };
   if (w.type == 1 && b.length == 0) {  // ibv_alloc_mw(3): a zero-length bind invalidates
-    unbind();
+    w.bound = false;
     w.rkey = b.new_rkey;
     return IBV_WC_SUCCESS;
   }
@@ -235,7 +222,6 @@ ibv_wc_status MrTable::BindMw(const Bind& b) {
       !(mr.access & IBV_ACCESS_LOCAL_WRITE))
     return IBV_WC_MW_BIND_ERR;
   if (!Within(b.addr, b.length, mr.iova, mr.length)) return IBV_WC_MW_BIND_ERR;
-  unbind();
   w.bound = true;
   w.rkey = b.new_rkey;
   w.mr_key = b.mr_key;
@@ -244,7 +230,6 @@ ibv_wc_status MrTable::BindMw(const Bind& b) {
   w.length = b.length;
   w.access = b.access & kRemoteRights;
   w.qpn = b.qpn;
-  ++mws_on_mr_[b.mr_key];
   return IBV_WC_SUCCESS;
 }
 
@@ -255,7 +240,6 @@ bool MrTable::InvalidateMw(uint32_t rkey, const Pd* pd, uint32_t qpn) {
   Mw& w = it->second;
   if (w.type != 2 || !w.bound || w.rkey != rkey || w.pd != pd) return false;
   if (qpn != 0 && w.qpn != qpn) return false;  // remote invalidation: through its own QP only
-  --mws_on_mr_[w.mr_key];
   w.bound = false;
   return true;
 }

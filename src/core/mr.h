@@ -76,15 +76,13 @@ class MrTable {
   ibv_wc_status BindMw(const Bind& b);
   // Invalidates the type 2 window reached by `rkey` (LOCAL_INV, or SEND_WITH_INV when `qpn`).
   bool InvalidateMw(uint32_t rkey, const Pd* pd, uint32_t qpn);
-  bool GetMw(uint32_t rkey, Mw* out) const;
 
  private:
   uint8_t* ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
                                KeyCheck* why, uint32_t qpn) const;
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, Mr> by_key_;
-  std::unordered_map<uint32_t, Mw> mws_;         // by key >> 8
-  std::unordered_map<uint32_t, int> mws_on_mr_;  // region key -> windows bound to it
+  std::unordered_map<uint32_t, Mw> mws_;  // by key >> 8
 };
 
 }  // namespace softrdma::core

@@ -25,7 +25,6 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
-#include "link/place.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/udp_link.h"
@@ -244,23 +243,8 @@ class TcpChannel final : public ServedChannel {
 
   // Moves `n` payload bytes from `src` into the current target (or drops what has no home).
   void Deliver(const uint8_t* src, size_t n) {
-    while (n > 0) {
-      if (seg_ >= target_.nseg) {  // no destination left: discard
-        remaining_ -= n;
-        return;
-      }
-      iovec& s = target_.seg[seg_];
-      size_t c = std::min(n, s.iov_len - seg_off_);
-      if (c) PlaceBytes(static_cast<uint8_t*>(s.iov_base) + seg_off_, src, c);
-      src += c;
-      n -= c;
-      remaining_ -= c;
-      seg_off_ += c;
-      if (seg_off_ == s.iov_len) {
-        ++seg_;
-        seg_off_ = 0;
-      }
-    }
+    cursor_.Deliver(target_, src, n);
+    remaining_ -= n;
   }
 
   // Reads the rest of a large payload straight into its destination segments.
@@ -268,8 +252,8 @@ class TcpChannel final : public ServedChannel {
     iovec iov[kMaxSegs + 1];
     int n = 0;
     size_t want = remaining_;
-    for (int i = seg_; i < target_.nseg && want > 0; ++i) {
-      size_t off = i == seg_ ? seg_off_ : 0;
+    for (int i = cursor_.seg; i < target_.nseg && want > 0; ++i) {
+      size_t off = i == cursor_.seg ? cursor_.off : 0;
       size_t len = std::min(target_.seg[i].iov_len - off, want);
       iov[n++] = iovec{static_cast<uint8_t*>(target_.seg[i].iov_base) + off, len};
       want -= len;
@@ -280,17 +264,8 @@ class TcpChannel final : public ServedChannel {
       dead_ = true;
       return false;
     }
-    size_t got = static_cast<size_t>(r);
-    remaining_ -= got;
-    while (got > 0) {
-      size_t c = std::min(got, target_.seg[seg_].iov_len - seg_off_);
-      got -= c;
-      seg_off_ += c;
-      if (seg_off_ == target_.seg[seg_].iov_len) {
-        ++seg_;
-        seg_off_ = 0;
-      }
-    }
+    remaining_ -= static_cast<size_t>(r);
+    cursor_.Advance(target_, static_cast<size_t>(r));
     return true;
   }
 
@@ -303,7 +278,8 @@ class TcpChannel final : public ServedChannel {
         rx_begin_ += c;
         continue;
       }
-      bool ok = (remaining_ >= kDirectReadBytes && seg_ < target_.nseg) ? ReadDirect() : Fill();
+      bool ok =
+          (remaining_ >= kDirectReadBytes && cursor_.seg < target_.nseg) ? ReadDirect() : Fill();
       if (!ok) return false;
     }
     in_frame_ = false;
@@ -356,8 +332,7 @@ class TcpChannel final : public ServedChannel {
       target_ = RxTarget{};
       in_frame_ = true;
       remaining_ = h.payload_len;
-      seg_ = 0;
-      seg_off_ = 0;
+      cursor_ = RxCursor{};
       ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
     }
     if (dead_) return Close();
@@ -386,8 +361,7 @@ class TcpChannel final : public ServedChannel {
   bool in_frame_ = false;
   RxTarget target_;
   uint64_t remaining_ = 0;
-  int seg_ = 0;
-  size_t seg_off_ = 0;
+  RxCursor cursor_;  // where the next payload byte of the frame goes
 };
 
 namespace {

@@ -21,11 +21,25 @@ struct RxCursor {
       if (c) PlaceBytes(static_cast<uint8_t*>(s.iov_base) + off, src, c);
       src += c;
       n -= c;
-      off += c;
-      if (off == s.iov_len) {
-        ++seg;
-        off = 0;
-      }
+      Step(t, c);
+    }
+  }
+
+  // Moves past `n` bytes that arrived in place (read straight into the segments).
+  void Advance(const RxTarget& t, size_t n) {
+    while (n > 0 && seg < t.nseg) {
+      size_t c = std::min(n, t.seg[seg].iov_len - off);
+      n -= c;
+      Step(t, c);
+    }
+  }
+
+ private:
+  void Step(const RxTarget& t, size_t c) {
+    off += c;
+    if (off == t.seg[seg].iov_len) {
+      ++seg;
+      off = 0;
     }
   }
 };

@@ -117,15 +117,13 @@ class ShmRingProducer {
   template <typename Clock>
   bool Publish(Clock now_ns) {
     c_->tail.store(tail_, std::memory_order_seq_cst);
-    bool ring;
-    if (c_->consumer_asleep.load(std::memory_order_seq_cst) != 0) {
-      ring = c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
-    } else {
-      int64_t seen = c_->consumer_seen_ns.load(std::memory_order_relaxed);
-      ring = now_ns() - seen > kShmConsumerIdleNs;
-    }
-    if (ring) c_->consumer_seen_ns.store(now_ns(), std::memory_order_relaxed);
-    return ring;
+    bool asleep = c_->consumer_asleep.load(std::memory_order_seq_cst) != 0;
+    if (asleep && c_->consumer_asleep.exchange(0, std::memory_order_relaxed) == 0) return false;
+    int64_t now = now_ns();
+    if (!asleep && now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= kShmConsumerIdleNs)
+      return false;
+    c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
+    return true;
   }
   // Asks for the doorbell when room frees. False when room freed meanwhile (try again now).
   bool WaitForRoom(uint32_t bytes) {

@@ -52,36 +52,35 @@ class MemoryWindow : public VerbsTest {
     }
     return wc.status;
   }
-  // Type 2: IBV_WR_BIND_MW on `qp` with the next key; returns the completion's status.
-  ibv_wc_status Bind2(Qp* on, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info) {
-    ibv_send_wr wr{}, *bad = nullptr;
-    wr.wr_id = 78;
-    wr.opcode = IBV_WR_BIND_MW;
+  // Posts one signaled local operation on `on` and returns its completion's status; a successful
+  // one must carry `opcode`.
+  ibv_wc_status PostLocalOp(Qp* on, ibv_send_wr& wr, ibv_wc_opcode opcode) {
+    ibv_send_wr* bad = nullptr;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.bind_mw.mw = mw;
-    wr.bind_mw.rkey = rkey;
-    wr.bind_mw.bind_info = info;
     EXPECT_EQ(ibv_post_send(on->qp, &wr, &bad), 0);
     ibv_wc wc{};
     EXPECT_TRUE(PollOne(on->scq, &wc));
     if (wc.status == IBV_WC_SUCCESS) {
-      EXPECT_EQ(wc.opcode, IBV_WC_BIND_MW);
+      EXPECT_EQ(wc.opcode, opcode);
     }
     return wc.status;
   }
+  // Type 2: IBV_WR_BIND_MW on `on` with the next key; returns the completion's status.
+  ibv_wc_status Bind2(Qp* on, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info) {
+    ibv_send_wr wr{};
+    wr.wr_id = 78;
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    wr.bind_mw.bind_info = info;
+    return PostLocalOp(on, wr, IBV_WC_BIND_MW);
+  }
   ibv_wc_status LocalInv(uint32_t rkey) {
-    ibv_send_wr wr{}, *bad = nullptr;
+    ibv_send_wr wr{};
     wr.wr_id = 79;
     wr.opcode = IBV_WR_LOCAL_INV;
-    wr.send_flags = IBV_SEND_SIGNALED;
     wr.invalidate_rkey = rkey;
-    EXPECT_EQ(ibv_post_send(b->qp, &wr, &bad), 0);
-    ibv_wc wc{};
-    EXPECT_TRUE(PollOne(b->scq, &wc));
-    if (wc.status == IBV_WC_SUCCESS) {
-      EXPECT_EQ(wc.opcode, IBV_WC_LOCAL_INV);
-    }
-    return wc.status;
+    return PostLocalOp(b, wr, IBV_WC_LOCAL_INV);
   }
   // One RDMA operation from a to the window; returns its completion status.
   ibv_wc_status Rdma(Qp* from, ibv_wr_opcode op, uint64_t raddr, uint32_t rkey, uint32_t len) {
