@@ -24,7 +24,8 @@ std::once_flag g_atfork_once;
 }  // namespace
 
 std::shared_ptr<Hca> Hca::Get(std::string* err) {
-  std::call_once(g_atfork_once, [] { pthread_atfork(nullptr, nullptr, &Hca::ForkChild); });
+  std::call_once(g_atfork_once,
+                 [] { pthread_atfork(&Hca::ForkPrepare, &Hca::ForkParent, &Hca::ForkChild); });
   std::lock_guard<std::mutex> g(g_mu);
   if (g_instance) return *g_instance;
   std::shared_ptr<Hca> hca(new Hca());
@@ -42,13 +43,30 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
   return hca;
 }
 
+// The child gets a copy of memory as the parent's threads left it. A progress thread caught inside
+// an allocation leaves the allocator's lock held in the child for good wherever the allocator does
+// not guard fork() itself (the sanitizers' allocators do not): the child's own progress thread then
+// blocked on its first allocation, and the child's messages were never served. So the fork waits
+// until the progress thread is between batches of work, and keeps it there until the copy is made.
+void Hca::ForkPrepare() {
+  g_mu.lock();  // nor is an HCA being built meanwhile
+  if (g_instance && (*g_instance)->endpoint_) (*g_instance)->endpoint_->HoldForFork();
+}
+
+void Hca::ForkParent() {
+  if (g_instance && (*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
+  g_mu.unlock();
+}
+
 void Hca::ForkChild() {
   // The child has none of the parent's threads; it must not touch the parent's connections or
   // slot. Its next ibv_open_device builds a fresh HCA (rdma-core likewise needs a new context).
-  if (!g_instance) return;
-  (*g_instance)->AbandonAfterFork();
-  g_instance = nullptr;  // the old HCA is leaked on purpose
-  new (&g_mu) std::mutex();
+  if (g_instance) {
+    if ((*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
+    (*g_instance)->AbandonAfterFork();
+    g_instance = nullptr;  // the old HCA is leaked on purpose
+  }
+  g_mu.unlock();  // ForkPrepare took it on this very thread
 }
 
 void Hca::AbandonAfterFork() {

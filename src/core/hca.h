@@ -81,6 +81,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   Hca() = default;
   bool Start(std::string* err);
   void AbandonAfterFork();
+  // pthread_atfork handlers: the progress thread is held out of its work across fork().
+  static void ForkPrepare();
+  static void ForkParent();
   static void ForkChild();
 
   SlotRegistry slots_;

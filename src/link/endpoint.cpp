@@ -583,6 +583,8 @@ void Endpoint::Impl::Loop() {
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
   epoll_event events[64];
+  running.store(true);
+  running.notify_all();
   while (!stop.load(std::memory_order_acquire)) {
     epoll_event outer[3];
     // Shared-memory producers ring our doorbell only while we say we sleep. While an application
@@ -791,6 +793,7 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   im.loopback = std::make_shared<LoopbackChannel>(im, im.self);
   ep->loopback_ = im.loopback;
   im.thread = std::thread([&im] { im.Loop(); });
+  im.running.wait(false);
   return ep;
 }
 
@@ -887,6 +890,14 @@ void Endpoint::Abandon() {
   // the parent still uses (closing a copy is harmless, but shutdown() would not be).
   if (impl_->thread.joinable()) impl_->thread.detach();
   (void)impl_.release();
+}
+
+void Endpoint::HoldForFork() {
+  impl_->progress_mu.lock();
+}
+
+void Endpoint::ResumeAfterFork() {
+  impl_->progress_mu.unlock();
 }
 
 Endpoint::~Endpoint() {

@@ -54,6 +54,10 @@ class Endpoint {
   // Stops the thread without touching sockets: for a fork()ed child that must not act on the
   // parent's connections.
   void Abandon();
+  // Around fork() (in the parent and in the child alike): the progress thread is held between
+  // batches of work, where it holds no lock and allocates nothing.
+  void HoldForFork();
+  void ResumeAfterFork();
 
   struct Impl;
 

@@ -2,7 +2,17 @@
 // gets nothing from them, and does not crash: the fork abandoned the HCA they belong to.
 #include <infiniband/verbs.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 #include <sys/wait.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -46,6 +56,163 @@ TEST_F(ForkObjects, AChildPollingItsParentsCqFindsNothing) {
   int st = child.Wait();
   ASSERT_TRUE(WIFEXITED(st)) << "the child died of signal " << WTERMSIG(st);
   EXPECT_EQ(WEXITSTATUS(st), 0) << "the child found a completion that was never its own";
+}
+
+constexpr uint32_t kWriteBytes = 64 * 1024;
+
+// `count` RDMA WRITEs between two QPs of one device, the last one's completion awaited through a
+// completion channel, so that the progress thread (not this one) moves the frames; `posted` runs
+// once they are all posted. False when they do not complete.
+bool WriteThroughTheProgressThread(Qp* a, Buffer* src, Buffer* dst, ibv_comp_channel* ch,
+                                   uint64_t id, int count = 1,
+                                   const std::function<void()>& posted = {}) {
+  if (ibv_req_notify_cq(a->scq, 0)) return false;
+  for (int i = 0; i < count; ++i) {
+    unsigned flags = i == count - 1 ? IBV_SEND_SIGNALED : 0;
+    if (PostRdma(a->qp, IBV_WR_RDMA_WRITE, *src, 0, kWriteBytes, dst->addr(0), dst->mr->rkey, id,
+                 flags))
+      return false;
+  }
+  if (posted) posted();
+  // The event first, and nothing polled meanwhile: a poll would move the frames itself.
+  pollfd pfd{ch->fd, POLLIN, 0};
+  if (poll(&pfd, 1, 5000) != 1) return false;
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  if (ibv_get_cq_event(ch, &cq, &ctx)) return false;
+  ibv_ack_cq_events(cq, 1);
+  ibv_wc wc{};
+  return ibv_poll_cq(a->scq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == id;
+}
+
+bool ChannelPair(Verbs& v, Qp** a, Buffer** src, Buffer** dst, ibv_comp_channel** ch) {
+  *ch = v.NewChannel();
+  QpOpts o;
+  o.send_cq = *ch ? v.NewCq(64, *ch) : nullptr;
+  Qp* b = nullptr;
+  *src = v.NewBuffer(kWriteBytes);
+  *dst = v.NewBuffer(kWriteBytes);
+  return o.send_cq && *src && *dst && v.NewPair(o, QpOpts{}, a, &b);
+}
+
+// A child that opens the device and writes through its own progress thread: 0 when it worked.
+int ChildWritesThroughItsProgressThread() {
+  alarm(10);
+  Verbs cv;
+  Qp* ca = nullptr;
+  Buffer *src = nullptr, *dst = nullptr;
+  ibv_comp_channel* ch = nullptr;
+  if (!cv.Open() || !ChannelPair(cv, &ca, &src, &dst, &ch)) return 2;
+  return WriteThroughTheProgressThread(ca, src, dst, ch, 1) ? 0 : 1;
+}
+
+// A fork while the parent's progress thread was busy (allocating) left the allocator's lock held
+// in the child wherever the allocator does not guard fork() itself (the sanitizers' do not): the
+// child's own progress thread blocked for good, and its messages were never served.
+TEST_F(ForkObjects, AForkWhileTheParentsProgressThreadWorksLeavesTheChildAWorkingOne) {
+  Qp* a = nullptr;
+  Buffer *src = nullptr, *dst = nullptr;
+  ibv_comp_channel* ch = nullptr;
+  ASSERT_TRUE(ChannelPair(v, &a, &src, &dst, &ch));
+  // Each fork happens while the progress thread carries a fresh batch of writes and the thread
+  // that posted them stands still (its own allocations are the application's business).
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false, held = false, stop = false;
+  std::atomic<bool> traffic_ok{true};
+  std::thread traffic([&] {
+    auto park = [&] {
+      std::unique_lock<std::mutex> lk(mu);
+      if (!hold) return;
+      held = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return !hold; });
+      held = false;
+    };
+    for (uint64_t i = 0; i < 100'000; ++i) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (stop) return;
+      }
+      if (!WriteThroughTheProgressThread(a, src, dst, ch, i, 32, park)) {
+        traffic_ok = false;
+        std::lock_guard<std::mutex> lk(mu);
+        held = true;  // never block the forking thread
+        cv.notify_all();
+        return;
+      }
+    }
+  });
+  constexpr int kForks = 40;
+  int stuck = 0;
+  for (int i = 0; i < kForks; ++i) {
+    std::unique_lock<std::mutex> lk(mu);
+    hold = true;
+    if (!cv.wait_for(lk, std::chrono::seconds(10), [&] { return held; })) break;
+    ForkedPeer child;
+    bool started = child.Start([](int, int) { return ChildWritesThroughItsProgressThread(); });
+    hold = false;
+    cv.notify_all();
+    lk.unlock();
+    ASSERT_TRUE(started);
+    int st = child.Wait(std::chrono::seconds(15));
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) ++stuck;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    stop = true;
+    hold = false;
+  }
+  cv.notify_all();
+  traffic.join();
+  EXPECT_TRUE(traffic_ok);
+  EXPECT_EQ(stuck, 0) << "children whose own progress thread never moved a frame, of " << kForks;
+}
+
+// The first thing a fresh process does: open the device and fork at once, the child writing
+// through its own progress thread. Run by the test below, in processes of its own.
+TEST(ForkAtStartUp, Helper) {
+  if (!getenv("SOFTRDMA_TEST_FORK_AT_START_UP")) GTEST_SKIP() << "run by the test below";
+  Verbs v;
+  ASSERT_TRUE(v.Open());
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int, int) { return ChildWritesThroughItsProgressThread(); }));
+  int st = child.Wait(std::chrono::seconds(15));
+  ASSERT_TRUE(st != -1 && WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+}
+
+// The same when the fork comes right after the device opened, while the new progress thread is
+// still starting (the sanitizer's runtime allocates then): memory_window_test's child hung so. It
+// takes a process that never had a thread before, so each round is a fresh run of this program.
+TEST(ForkAtStartUp, AForkRightAfterTheDeviceOpensLeavesTheChildAWorkingProgressThread) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
+#endif
+#endif
+  constexpr int kRounds = 20;
+  int failed = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      alarm(30);
+      setenv("SOFTRDMA_TEST_FORK_AT_START_UP", "1", 1);
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      execl("/proc/self/exe", "softrdma_tests", "--gtest_filter=ForkAtStartUp.Helper", nullptr);
+      _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
+  }
+  EXPECT_EQ(failed, 0) << "runs whose child's progress thread never moved a frame, of " << kRounds;
 }
 
 }  // namespace
