@@ -234,7 +234,9 @@ void Qp::RunRequesterLocked() {
     uint64_t idx = next_;
     ibv_wc_status st = SendWqeLocked(w);
     if (st != IBV_WC_SUCCESS) {
-      FailHeadLocked(idx, st);
+      // A dead path fails the oldest request still unanswered, as the channel's closing and the
+      // retransmit timer do: this post may see the path closed before the closing reaches us.
+      FailHeadLocked(st == IBV_WC_RETRY_EXC_ERR ? head_ : idx, st);
       return;
     }
     ++next_;
