@@ -21,6 +21,7 @@
 #include "cm/cm.h"
 #include "cm/ip_address.h"
 #include "core/log.h"
+#include "link/running_thread.h"
 
 namespace softrdma::cm {
 
@@ -88,7 +89,7 @@ bool Cm::StartService() {
   ev.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   started_ = true;
-  thread_ = std::thread([this] { Run(); });
+  thread_ = link::StartRunningThread([this] { Run(); });
   thread_.detach();
   SOFTRDMA_LOG("cm: service on port %u", service_port_);
   return true;

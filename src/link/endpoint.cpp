@@ -25,6 +25,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/running_thread.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/udp_link.h"
@@ -583,8 +584,6 @@ void Endpoint::Impl::Loop() {
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
   epoll_event events[64];
-  running.store(true);
-  running.notify_all();
   while (!stop.load(std::memory_order_acquire)) {
     epoll_event outer[3];
     // Shared-memory producers ring our doorbell only while we say we sleep. While an application
@@ -792,8 +791,7 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   im.port = ep->port_;
   im.loopback = std::make_shared<LoopbackChannel>(im, im.self);
   ep->loopback_ = im.loopback;
-  im.thread = std::thread([&im] { im.Loop(); });
-  im.running.wait(false);
+  im.thread = StartRunningThread([&im] { im.Loop(); });
   return ep;
 }
 

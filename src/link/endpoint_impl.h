@@ -58,9 +58,6 @@ struct Endpoint::Impl {
   void Claim();
   void Release();
   std::thread thread;
-  // Set once the thread runs Loop: until then its start-up (in the C library, in a sanitizer's
-  // runtime) may be allocating, which a fork() must not interrupt (see Hca::ForkPrepare).
-  std::atomic<bool> running{false};
   std::atomic<bool> stop{false};
 
   std::mutex mu;  // guards outbound, shm_outbound, channels

@@ -2,10 +2,7 @@
 // gets nothing from them, and does not crash: the fork abandoned the HCA they belong to.
 #include <infiniband/verbs.h>
 
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
-#include <unistd.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -16,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/fresh_process.h"
 #include "support/semantics_harness.h"
 
 namespace {
@@ -169,10 +167,8 @@ TEST_F(ForkObjects, AForkWhileTheParentsProgressThreadWorksLeavesTheChildAWorkin
   EXPECT_EQ(stuck, 0) << "children whose own progress thread never moved a frame, of " << kForks;
 }
 
-// The first thing a fresh process does: open the device and fork at once, the child writing
-// through its own progress thread. Run by the test below, in processes of its own.
-TEST(ForkAtStartUp, Helper) {
-  if (!getenv("SOFTRDMA_TEST_FORK_AT_START_UP")) GTEST_SKIP() << "run by the test below";
+// A process opens the device and forks at once; the child writes through its own progress thread.
+TEST(ForkAtStartUp, AChildForkedRightAfterTheDeviceOpensHasAWorkingProgressThread) {
   Verbs v;
   ASSERT_TRUE(v.Open());
   ForkedPeer child;
@@ -182,9 +178,9 @@ TEST(ForkAtStartUp, Helper) {
   EXPECT_EQ(WEXITSTATUS(st), 0);
 }
 
-// The same when the fork comes right after the device opened, while the new progress thread is
-// still starting (the sanitizer's runtime allocates then): memory_window_test's child hung so. It
-// takes a process that never had a thread before, so each round is a fresh run of this program.
+// The same as the first thing of fresh processes, where the new progress thread may still be
+// starting when the fork comes (the sanitizer's runtime allocates then): memory_window_test's
+// child hung so.
 TEST(ForkAtStartUp, AForkRightAfterTheDeviceOpensLeavesTheChildAWorkingProgressThread) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
@@ -194,25 +190,11 @@ TEST(ForkAtStartUp, AForkRightAfterTheDeviceOpensLeavesTheChildAWorkingProgressT
 #endif
 #endif
   constexpr int kRounds = 20;
-  int failed = 0;
-  for (int i = 0; i < kRounds; ++i) {
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      alarm(30);
-      setenv("SOFTRDMA_TEST_FORK_AT_START_UP", "1", 1);
-      int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      execl("/proc/self/exe", "softrdma_tests", "--gtest_filter=ForkAtStartUp.Helper", nullptr);
-      _exit(127);
-    }
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
-  }
-  EXPECT_EQ(failed, 0) << "runs whose child's progress thread never moved a frame, of " << kRounds;
+  EXPECT_EQ(
+      FailedFreshRuns("ForkAtStartUp.AChildForkedRightAfterTheDeviceOpensHasAWorkingProgressThread",
+                      kRounds, std::chrono::seconds(30)),
+      0)
+      << "of " << kRounds;
 }
 
 }  // namespace
