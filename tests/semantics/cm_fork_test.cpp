@@ -90,13 +90,7 @@ TEST(CmFork, ChildOfARunningCmConnectsToItsParentsListener) {
 // listener started (or the device's progress thread) may still be starting, inside the
 // sanitizer's runtime, which allocates then.
 TEST(CmFork, AForkRightAfterTheServiceStartsLeavesTheChildAWorkingOne) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
-#endif
-#endif
+  if (semantics::kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   constexpr int kRounds = 20;
   EXPECT_EQ(semantics::FailedFreshRuns("CmFork.ChildOfARunningCmConnectsToItsParentsListener",
                                        kRounds, std::chrono::seconds(30)),

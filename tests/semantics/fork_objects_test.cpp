@@ -182,13 +182,7 @@ TEST(ForkAtStartUp, AChildForkedRightAfterTheDeviceOpensHasAWorkingProgressThrea
 // starting when the fork comes (the sanitizer's runtime allocates then): memory_window_test's
 // child hung so.
 TEST(ForkAtStartUp, AForkRightAfterTheDeviceOpensLeavesTheChildAWorkingProgressThread) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "ThreadSanitizer guards its allocator across fork(); a run starts in 1 s";
-#endif
-#endif
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   constexpr int kRounds = 20;
   EXPECT_EQ(
       FailedFreshRuns("ForkAtStartUp.AChildForkedRightAfterTheDeviceOpensHasAWorkingProgressThread",
