@@ -571,6 +571,10 @@ void Qp::OnChannelClosed(link::Channel& ch) {
   if (ack_channel_.get() == &ch) ack_channel_.reset();
   if (av_.channel.get() != &ch) return;
   av_.channel.reset();
+  // A destroyed QP completes nothing more: the HCA's snapshot of QPs that calls us can outlive
+  // ibv_destroy_qp, and the application may have destroyed the CQs too (qperf's heap was
+  // corrupted by an error completion written into its freed send CQ).
+  if (shut_down_) return;
   if (type_ == IBV_QPT_RC && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
 }
