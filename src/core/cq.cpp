@@ -64,12 +64,15 @@ int Cq::PollLocked(int n, ibv_wc* out) {
 }
 
 int Cq::Arm(bool solicited_only) {
-  std::lock_guard<std::mutex> g(mu_);
-  // A later "any completion" request widens an earlier solicited-only one, never the reverse.
-  if (!solicited_only)
-    armed_ = kNext;
-  else if (armed_ == kDisarmed)
-    armed_ = kSolicited;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    // A later "any completion" request widens an earlier solicited-only one, never the reverse.
+    if (!solicited_only)
+      armed_ = kNext;
+    else if (armed_ == kDisarmed)
+      armed_ = kSolicited;
+  }
+  ctx_.hca().PollerMaySleep();
   return 0;
 }
 

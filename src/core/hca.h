@@ -54,6 +54,10 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // Runs inbound work on the calling thread (an application polling an empty CQ). A fork child
   // that uses its parent's objects reaches an HCA without an endpoint: nothing arrives there.
   bool Progress(bool wait = false) { return endpoint_ && endpoint_->PollOnce(wait); }
+  // An application thread armed a CQ to sleep until its event (see link::Endpoint).
+  void PollerMaySleep() {
+    if (endpoint_) endpoint_->PollerMaySleep();
+  }
   // See link::Endpoint::SecureQueuedPayloads.
   void SecureQueuedPayloads() {
     if (endpoint_) endpoint_->SecureQueuedPayloads();

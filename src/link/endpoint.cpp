@@ -598,9 +598,9 @@ void Endpoint::Impl::Loop() {
         wait.tv_sec = left / 1'000'000'000;
         wait.tv_nsec = left % 1'000'000'000;
         timeout = &wait;
-        shm_lease_ns = std::min(shm_lease_ns * 2, kShmPollLeaseMaxNs);
+        shm_lease_ns = std::min(shm_lease_ns * 2, shm_lease_max_ns);
       } else {
-        shm_lease_ns = kShmPollLeaseNs;
+        shm_lease_ns = shm_lease_min_ns;
         parked.store(true);
         if (!ShmPrepareSleep()) timeout = &wait;  // records waiting: do not sleep
       }
@@ -666,6 +666,15 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
     for (const auto& ch : shm) ch->Seen(now);
   }
   if (parked.load() && !ShmPrepareSleep()) Wake();
+}
+
+// Without this, a record published within kShmConsumerIdleNs of the poller's last look rings no
+// doorbell and waits up to kShmPollLeaseMaxNs for the progress thread (udpong, which resends what
+// is not answered within 1 ms and then hangs on the duplicate answer, hit it within seconds).
+void Endpoint::Impl::PollerMaySleep() {
+  if (shm_count.load(std::memory_order_relaxed) == 0) return;
+  shm_polled_ns.store(0, std::memory_order_relaxed);  // the lease ends with the polling
+  if (!ShmPrepareSleep()) Wake();                     // records came meanwhile: serve them now
 }
 
 bool Endpoint::Impl::PollOnce(bool wait) {
@@ -881,6 +890,10 @@ std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) {
 
 bool Endpoint::PollOnce(bool wait) {
   return impl_->PollOnce(wait);
+}
+
+void Endpoint::PollerMaySleep() {
+  impl_->PollerMaySleep();
 }
 
 void Endpoint::Abandon() {

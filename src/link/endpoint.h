@@ -42,6 +42,9 @@ class Endpoint {
   // Handles inbound work that has already arrived, on the calling thread. Unless `wait`, gives up
   // at once when another thread is doing it. Returns whether there was any.
   bool PollOnce(bool wait = false);
+  // An application thread stops polling to sleep until a completion event: shared-memory records
+  // from now on must wake the progress thread, not wait for the poller's lease to run out.
+  void PollerMaySleep();
   // Copies the payloads that queued frames still borrow from application memory, before that
   // memory may go away (a QP failing or destroyed, a region deregistered).
   void SecureQueuedPayloads();

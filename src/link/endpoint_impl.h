@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "link/endpoint.h"
+#include "link/shm_ring.h"
 #include "link/udp_link.h"
 
 namespace softrdma::link {
@@ -97,7 +98,9 @@ struct Endpoint::Impl {
   // stopped polling (kShmConsumerIdleNs), so only a record published just before the last poll
   // waits for the lease's end.
   static constexpr int64_t kShmPollLeaseMaxNs = 1'000'000;
-  int64_t shm_lease_ns = kShmPollLeaseNs;  // progress thread only
+  const int64_t shm_lease_min_ns = ShmTrustedPollNs(kShmPollLeaseNs);
+  const int64_t shm_lease_max_ns = ShmTrustedPollNs(kShmPollLeaseMaxNs);
+  int64_t shm_lease_ns = shm_lease_min_ns;  // progress thread only
   std::atomic<int64_t> shm_polled_ns{0};
   // When the peers were last told that we poll (see kShmConsumerIdleNs), at most once a step.
   static constexpr int64_t kShmSeenStepNs = 1'000;
@@ -106,6 +109,7 @@ struct Endpoint::Impl {
   // Records that arrive while an application polls ring no doorbell: the progress thread looks at
   // the rings when the poller's lease runs out, and is asked now if it is parked already.
   void NoteShmPoll(int64_t now_ns);
+  void PollerMaySleep();
   std::vector<std::shared_ptr<ShmChannel>> shm_ready;  // ServeShm's scratch (progress_mu)
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;

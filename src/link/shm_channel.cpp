@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "link/frame_codec.h"
@@ -141,6 +142,14 @@ constexpr uint32_t FrameFixedBytes(uint32_t hdr_len) {
 
 }  // namespace
 
+int64_t ShmTrustedPollNs(int64_t normal) {
+  static const int64_t stretched = [] {
+    const char* e = getenv("SOFTRDMA_SHM_TRUST_POLL_NS");
+    return e ? strtoll(e, nullptr, 10) : int64_t{0};
+  }();
+  return stretched > 0 ? stretched : normal;
+}
+
 int ShmChannel::Listen(uint16_t port) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -173,10 +182,10 @@ bool ShmChannel::MapRings(int memfd, bool connector) {
   uint8_t* ring0 = base + kControlBytes;  // connector → acceptor
   uint8_t* ring1 = ring0 + kShmRingBytes;
   if (connector) {
-    tx_ = ShmRingProducer(&ctl[0], ring0);
+    tx_ = ShmRingProducer(&ctl[0], ring0, ShmTrustedPollNs(kShmConsumerIdleNs));
     rx_ = ShmRingConsumer(&ctl[1], ring1);
   } else {
-    tx_ = ShmRingProducer(&ctl[1], ring1);
+    tx_ = ShmRingProducer(&ctl[1], ring1, ShmTrustedPollNs(kShmConsumerIdleNs));
     rx_ = ShmRingConsumer(&ctl[0], ring0);
   }
   return true;

@@ -28,6 +28,9 @@ constexpr uint32_t kShmRingBytes = 1u << 20;        // per direction
 constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in records this big
 // An application that polled less than this long ago is polling: its records need no doorbell.
 constexpr int64_t kShmConsumerIdleNs = 5'000;
+// `normal`, or what SOFTRDMA_SHM_TRUST_POLL_NS says: tests stretch the times a poller is trusted to
+// look again (kShmConsumerIdleNs, the poll lease) so that a race around them happens every time.
+int64_t ShmTrustedPollNs(int64_t normal);
 
 struct alignas(64) ShmRingControl {
   std::atomic<uint64_t> tail;  // bytes published (producer)
@@ -86,7 +89,8 @@ constexpr uint32_t ShmAlign(uint64_t n, uint32_t to) {
 class ShmRingProducer {
  public:
   ShmRingProducer() = default;
-  ShmRingProducer(ShmRingControl* c, uint8_t* data) : c_(c), data_(data) {
+  ShmRingProducer(ShmRingControl* c, uint8_t* data, int64_t idle_ns = kShmConsumerIdleNs)
+      : c_(c), data_(data), idle_ns_(idle_ns) {
     tail_ = c->tail.load(std::memory_order_relaxed);
   }
   // Room for a record of `bytes` (aligned), contiguous; nullptr when the ring is too full. Writes a
@@ -120,7 +124,7 @@ class ShmRingProducer {
     bool asleep = c_->consumer_asleep.load(std::memory_order_seq_cst) != 0;
     if (asleep && c_->consumer_asleep.exchange(0, std::memory_order_relaxed) == 0) return false;
     int64_t now = now_ns();
-    if (!asleep && now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= kShmConsumerIdleNs)
+    if (!asleep && now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= idle_ns_)
       return false;
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
     return true;
@@ -140,6 +144,7 @@ class ShmRingProducer {
  private:
   ShmRingControl* c_ = nullptr;
   uint8_t* data_ = nullptr;
+  int64_t idle_ns_ = kShmConsumerIdleNs;
   uint64_t tail_ = 0;
   uint32_t reserved_ = 0;
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rsocket/fd_table.h"
+#include "rsocket/util.h"
 
 namespace softrdma::rsocket {
 
@@ -28,6 +29,10 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
     int r = poll(fds, nfds, timeout_ms);
     return r < 0 ? -errno : r;
   }
+  // Like rdma-core's rsockets (its polling_time), look for a while before sleeping: an answer
+  // usually takes microseconds, and a sleeper's wake-up can take milliseconds on a busy or
+  // virtual machine (udpong resends whatever is not back within 1 ms, and then hangs).
+  const Clock::time_point spin_until = Clock::now() + kSpinBeforeSleep;
   std::vector<pollfd> wait;
   for (;;) {
     // Ordinary fds are looked at without waiting; rsockets make non-blocking progress.
@@ -49,6 +54,7 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
       if (timeout_ms == 0) sched_yield();
       return 0;
     }
+    if (Clock::now() < spin_until) continue;
     // Nothing yet: arm every rsocket and sleep on all underlying fds together.
     wait.clear();
     bool news = false;

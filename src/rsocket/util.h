@@ -7,11 +7,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace softrdma::rsocket {
+
+// How long a blocking call looks for progress before it sleeps (rdma-core's rsockets spin for
+// their polling_time too): most answers come within tens of microseconds, and waking a sleeper
+// can take milliseconds where cores are shared or virtual.
+constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 
 inline void SetNonBlocking(int fd) {
   int fl = fcntl(fd, F_GETFL);

@@ -31,7 +31,9 @@ constexpr bool kFreshRunsSkipped = false;
 #endif
 
 // How many of `rounds` runs of `test` (a full GoogleTest name) failed or outlived `bound`.
-inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::seconds bound) {
+// `env` ("NAME=value"), when given, is set in the fresh processes only.
+inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::seconds bound,
+                           const char* env = nullptr) {
   int failed = 0;
   std::string filter = "--gtest_filter=" + test;
   for (int i = 0; i < rounds; ++i) {
@@ -41,6 +43,7 @@ inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::sec
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
+      if (env) putenv(const_cast<char*>(env));
       execl("/proc/self/exe", "softrdma_tests", filter.c_str(), nullptr);
       _exit(127);
     }
