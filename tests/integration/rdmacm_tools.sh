@@ -40,11 +40,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # its reason; drop entries once they pass reliably.
 #   udpong with its defaults (full mode only): udpong resends a request whose
 #     reply is later than 1 ms, and a late reply read back into its message
-#     buffer makes it resend a stale sequence number forever. After its 100k-
-#     datagram bandwidth steps the server's backlog makes replies late whenever
-#     the machine is busy; kernel sockets (-T s) hang the same way under load.
-#     It passes on a quiet machine (about 10 s); the quick run's short udpong
-#     case counts.
+#     buffer makes it resend a stale sequence number forever. Any stall of a
+#     millisecond hangs it: measured on the 2-core VM (full default runs),
+#     quiet: softrdma 4/8 and 4/6 passes, kernel sockets (-T s) 3/4 and 6/6;
+#     with two CPU hogs: both 0/5. The hangs follow 1-1.4 ms stalls of both
+#     processes. The quick run's short udpong case counts.
 # (rsockets were here until they landed; udaddy and ib_send_bw -R -c UD until
 # the link stopped stranding buffered frames, see hostile_peer_test
 # ABurstReadInOnePieceIsHandledWhole.)
