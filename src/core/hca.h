@@ -21,6 +21,7 @@
 #include "core/mr.h"
 #include "core/multicast.h"
 #include "core/qp.h"
+#include "core/xrc.h"
 #include "link/endpoint.h"
 
 namespace softrdma::core {
@@ -35,6 +36,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   const std::vector<ibv_gid>& gids() const { return gids_; }
   uint64_t node_guid() const { return node_guid_; }
   MrTable& mrs() { return mrs_; }
+  XrcRegistry& xrc() { return xrc_; }
   uint32_t NewPdHandle() { return ++pd_handles_; }
 
   std::shared_ptr<Qp> CreateQp(Context& ctx, const Qp::Init& init, int* err);
@@ -97,6 +99,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   uint64_t node_guid_ = 0;
   std::unique_ptr<link::Endpoint> endpoint_;
   MrTable mrs_;
+  XrcRegistry xrc_;
   McastRegistry mcast_;
   std::mutex mcast_channels_mu_;
   std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> mcast_channels_;  // by slot

@@ -4,13 +4,16 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 namespace softrdma::core {
 
 class Context;
+class Cq;
 struct Pd;
+struct Xrcd;
 
 struct RecvWqe {
   uint64_t wr_id;
@@ -56,11 +59,24 @@ class Srq : public RecvQueue {
   void* user_handle() const { return user_handle_; }
   Context& context() const { return ctx_; }
 
+  // XRC SRQs: the domain, the CQ their receive completions go to, and the number senders name.
+  void MakeXrc(std::shared_ptr<Xrcd> xrcd, Cq* cq, uint32_t srqn) {
+    xrcd_ = std::move(xrcd);
+    cq_ = cq;
+    srqn_ = srqn;
+  }
+  const Xrcd* xrcd() const { return xrcd_.get(); }
+  Cq* cq() const { return cq_; }
+  uint32_t srqn() const { return srqn_; }
+
  private:
   Context& ctx_;
   const Pd* pd_;
   void* user_handle_;
   uint32_t limit_ = 0;  // 0 = disarmed
+  std::shared_ptr<Xrcd> xrcd_;
+  Cq* cq_ = nullptr;
+  uint32_t srqn_ = 0;
 };
 
 }  // namespace softrdma::core

@@ -68,6 +68,9 @@ void InstallContextOps(verbs_context* vctx) {
   vctx->create_cq_ex = CreateCqEx;
   vctx->create_qp_ex = CreateQpEx;
   vctx->create_srq_ex = CreateSrqEx;
+  vctx->get_srq_num = GetSrqNum;
+  vctx->open_xrcd = OpenXrcd;
+  vctx->close_xrcd = CloseXrcd;
 }
 
 }  // namespace softrdma::abi

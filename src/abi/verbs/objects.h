@@ -66,10 +66,20 @@ struct VerbsCq {
   static VerbsCq* From(ibv_cq_ex* c) { return reinterpret_cast<VerbsCq*>(c); }
 };
 
+// One per ibv_open_xrcd: handles of one domain (the same file) share the core object.
+struct VerbsXrcd {
+  ibv_xrcd ibv;
+  std::shared_ptr<core::Xrcd> core;
+  std::atomic<int> users{0};  // XRC SRQs and QPs: close_xrcd answers EBUSY while any exist
+  static VerbsXrcd* From(ibv_xrcd* x) { return reinterpret_cast<VerbsXrcd*>(x); }
+};
+
 struct VerbsSrq {
   ibv_srq ibv;
   std::unique_ptr<core::Srq> core;
   std::atomic<int> users{0};
+  VerbsXrcd* xrcd = nullptr;  // XRC SRQs
+  VerbsCq* cq = nullptr;      // XRC SRQs: where their receive completions go
   static VerbsSrq* From(ibv_srq* s) { return reinterpret_cast<VerbsSrq*>(s); }
 };
 
@@ -111,6 +121,9 @@ int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+int GetSrqNum(ibv_srq* srq, uint32_t* srq_num);
+ibv_xrcd* OpenXrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
+int CloseXrcd(ibv_xrcd* xrcd);
 int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
                   ibv_device_attr_ex* attr, size_t attr_size);
 int QueryPortEx(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);

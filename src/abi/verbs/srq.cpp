@@ -12,17 +12,36 @@ namespace softrdma::abi {
 
 ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
   if (!ctx || !a) return Fail<ibv_srq>(EINVAL);
-  constexpr uint32_t kMask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+  constexpr uint32_t kMask =
+      IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
   if (a->comp_mask & ~kMask) return Fail<ibv_srq>(EOPNOTSUPP);
-  if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type != IBV_SRQT_BASIC)
-    return Fail<ibv_srq>(EOPNOTSUPP);
+  ibv_srq_type type = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? a->srq_type : IBV_SRQT_BASIC;
+  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) return Fail<ibv_srq>(EOPNOTSUPP);
   if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a->pd) return Fail<ibv_srq>(EINVAL);
+  // An XRC SRQ names its domain and the CQ of its receive completions (it has no QP of its own).
+  bool xrc = type == IBV_SRQT_XRC;
+  if (xrc && (!(a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !a->xrcd ||
+              !(a->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !a->cq))
+    return Fail<ibv_srq>(EINVAL);
   if (a->attr.max_wr < 1 || a->attr.max_wr > core::kMaxSrqWr || a->attr.max_sge > core::kMaxSge)
     return Fail<ibv_srq>(EINVAL);
   auto* srq = new VerbsSrq{};
   VerbsPd* pd = VerbsPd::From(a->pd);
   srq->core = std::make_unique<core::Srq>(CoreOf(ctx), &pd->core, a->attr.max_wr,
                                           a->attr.max_sge ? a->attr.max_sge : 1, &srq->ibv);
+  if (xrc) {
+    core::Hca& hca = CoreOf(ctx).hca();
+    uint32_t srqn = hca.xrc().AddSrq(hca.lid(), srq->core.get());
+    if (srqn == 0) {
+      delete srq;
+      return Fail<ibv_srq>(ENOMEM);
+    }
+    srq->xrcd = VerbsXrcd::From(a->xrcd);
+    srq->cq = VerbsCq::From(a->cq);
+    srq->core->MakeXrc(srq->xrcd->core, srq->cq->core.get(), srqn);
+    ++srq->xrcd->users;
+    ++srq->cq->users;
+  }
   ibv_srq& s = srq->ibv;
   s.context = ctx;
   s.srq_context = a->srq_context;
@@ -31,6 +50,14 @@ ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
   pthread_cond_init(&s.cond, nullptr);
   ++pd->users;
   return &s;
+}
+
+int GetSrqNum(ibv_srq* srq, uint32_t* srq_num) {
+  if (!srq || !srq_num) return EINVAL;
+  uint32_t n = VerbsSrq::From(srq)->core->srqn();
+  if (n == 0) return EINVAL;  // only XRC SRQs are named by number
+  *srq_num = n;
+  return 0;
 }
 
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -71,6 +98,11 @@ SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
     return (e.event_type == IBV_EVENT_SRQ_LIMIT_REACHED || e.event_type == IBV_EVENT_SRQ_ERR) &&
            e.element.srq == srq;
   });
+  if (s->core->srqn() != 0) {
+    CoreOf(srq->context).hca().xrc().RemoveSrq(s->core->srqn());
+    --s->xrcd->users;
+    --s->cq->users;
+  }
   --VerbsPd::From(srq->pd)->users;
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
