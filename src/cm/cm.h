@@ -195,6 +195,8 @@ class Cm {
               CmId* listen = nullptr, CmEvent** made = nullptr);
   int CompleteSync(CmId* id, std::unique_lock<std::mutex>* lk);
   void AttachDevice(CmId* id);
+  ibv_xrcd* XrcdLocked();
+  int CreateXrcRecvQpLocked(CmId* id, ibv_qp_init_attr_ex* attr);
   void FillRoute(CmId* id);
   ConnEnd LocalEnd(CmId* id, const rdma_conn_param* param, uint32_t ece_vendor_id);
   void LearnPeer(CmId* id, uint32_t peer_comm_id, const ConnEnd& e);
@@ -233,6 +235,7 @@ class Cm {
 
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
+  ibv_xrcd* xrcd_ = nullptr;  // made on first use: the domain of XRC ids given none (as rdma-core)
   ibv_device_attr device_attr_{};
   PortClaim presence_;  // makes this namespace's addresses known to connecting processes
   ibv_gid gid_{};

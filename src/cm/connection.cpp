@@ -648,8 +648,10 @@ void Cm::OnReq(Peer* p, const Message& m) {
   }
   child->pub.context = listen->pub.context;
   child->pub.ps = listen->pub.ps;
-  child->pub.qp_type =
-      listen->pub.ps == RDMA_PS_IB ? static_cast<ibv_qp_type>(r.qp_type) : listen->pub.qp_type;
+  // In RDMA_PS_IB the request says what the connection is; an XRC initiator reaches a target.
+  child->pub.qp_type = listen->pub.ps != RDMA_PS_IB    ? listen->pub.qp_type
+                       : r.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV
+                                                       : static_cast<ibv_qp_type>(r.qp_type);
   child->qkey = listen->qkey;
   child->pub.pd = listen->pub.pd;
   child->tos = listen->tos;

@@ -1,6 +1,8 @@
 // QPs on CM ids: creation with the defaults rdma_verbs.h programs rely on (a PD, completion
 // channels and CQs made when the caller gives none), and the attributes each transition takes
 // from the connection (rdma_init_qp_attr).
+#include <fcntl.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -15,6 +17,11 @@ constexpr uint8_t kMinRnrTimer = 12;        // 0.64 ms
 
 bool IsUd(const CmId* id) {
   return id->pub.qp_type == IBV_QPT_UD;
+}
+
+// Connections with RC semantics: RC and both halves of XRC (verbs drop what each half ignores).
+bool IsReliable(ibv_qp_type t) {
+  return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV;
 }
 
 }  // namespace
@@ -67,12 +74,16 @@ int MakeCq(rdma_cm_id* id, int depth, ibv_comp_channel** ch, ibv_cq** cq) {
 }
 
 void FreeCqs(rdma_cm_id* id) {
+  // An XRC SRQ still completing on the receive CQ keeps it (and its channel) until it goes.
+  bool recv_kept = false;
   if (id->recv_cq) {
-    ibv_destroy_cq(id->recv_cq);
-    if (id->send_cq == id->recv_cq) id->send_cq = nullptr;
-    id->recv_cq = nullptr;
+    recv_kept = ibv_destroy_cq(id->recv_cq) == EBUSY && id->srq;
+    if (!recv_kept) {
+      if (id->send_cq == id->recv_cq) id->send_cq = nullptr;
+      id->recv_cq = nullptr;
+    }
   }
-  if (id->recv_cq_channel) {
+  if (id->recv_cq_channel && !recv_kept) {
     ibv_destroy_comp_channel(id->recv_cq_channel);
     if (id->send_cq_channel == id->recv_cq_channel) id->send_cq_channel = nullptr;
     id->recv_cq_channel = nullptr;
@@ -89,12 +100,49 @@ void FreeCqs(rdma_cm_id* id) {
 
 }  // namespace
 
+ibv_xrcd* Cm::XrcdLocked() {
+  if (!xrcd_ && ctx_) {
+    ibv_xrcd_init_attr a{};
+    a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    a.fd = -1;
+    a.oflags = O_CREAT;
+    xrcd_ = ibv_open_xrcd(ctx_, &a);
+  }
+  return xrcd_;
+}
+
+// The target half of XRC has no CQs or PD of its own: it needs a domain, the CM's when none is
+// given, and waits in INIT for the connection.
+int Cm::CreateXrcRecvQpLocked(CmId* id, ibv_qp_init_attr_ex* attr) {
+  rdma_cm_id& pub = id->pub;
+  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd) {
+    attr->xrcd = XrcdLocked();
+    if (!attr->xrcd) return errno ? errno : ENOMEM;
+    attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+  }
+  attr->comp_mask &= ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD);
+  ibv_qp* qp = ibv_create_qp_ex(pub.verbs, attr);
+  if (!qp) return errno ? errno : EINVAL;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  int mask = 0;
+  int err = FillQpAttr(id, &a, &mask);
+  if (!err) err = ibv_modify_qp(qp, &a, mask);
+  if (err) {
+    ibv_destroy_qp(qp);
+    return err;
+  }
+  pub.qp = qp;
+  return 0;
+}
+
 int Cm::CreateQp(CmId* id, ibv_qp_init_attr_ex* attr) {
   std::lock_guard<std::mutex> g(mu);
   rdma_cm_id& pub = id->pub;
   if (!attr || pub.qp) return EINVAL;
   if (!pub.verbs) AttachDevice(id);
   if (!pub.verbs) return ENODEV;
+  if (attr->qp_type == IBV_QPT_XRC_RECV) return CreateXrcRecvQpLocked(id, attr);
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
     attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
     attr->pd = pub.pd ? pub.pd : pd_;
@@ -137,7 +185,7 @@ int Cm::CreateQp(CmId* id, ibv_qp_init_attr_ex* attr) {
   int mask = 0;
   a.qp_state = IBV_QPS_INIT;
   int err = 0;
-  if (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_UC || IsUd(id)) {
+  if (IsReliable(qp->qp_type) || qp->qp_type == IBV_QPT_UC || IsUd(id)) {
     err = FillQpAttr(id, &a, &mask);
     if (!err) err = ibv_modify_qp(qp, &a, mask);
     if (!err && IsUd(id)) {
@@ -182,7 +230,24 @@ int Cm::CreateSrq(CmId* id, ibv_srq_init_attr_ex* attr) {
   }
   if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE)) {
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_TYPE;
-    attr->srq_type = IBV_SRQT_BASIC;
+    attr->srq_type = pub.qp_type == IBV_QPT_XRC_RECV ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  }
+  if (attr->srq_type == IBV_SRQT_XRC) {
+    // As rdma-core: the CM's domain, and the id's receive CQ (rdma_get_recv_comp polls it).
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
+      attr->xrcd = XrcdLocked();
+      if (!attr->xrcd) return errno ? errno : ENOMEM;
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD;
+    }
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
+      if (!pub.recv_cq) {
+        if (int e = MakeCq(&pub, static_cast<int>(attr->attr.max_wr), &pub.recv_cq_channel,
+                           &pub.recv_cq))
+          return e;
+      }
+      attr->cq = pub.recv_cq;
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+    }
   }
   ibv_srq* srq = ibv_create_srq_ex(pub.verbs, attr);
   if (!srq) return errno ? errno : EINVAL;
@@ -210,7 +275,7 @@ int Cm::FillQpAttr(CmId* id, ibv_qp_attr* a, int* mask) {
   std::memset(a, 0, sizeof *a);
   a->qp_state = want;
   bool ud = IsUd(id);
-  bool rc = id->pub.qp_type == IBV_QPT_RC;
+  bool rc = IsReliable(id->pub.qp_type);
   switch (want) {
     case IBV_QPS_INIT:
       a->pkey_index = 0;

@@ -106,7 +106,7 @@ void Qp::AckUpToLocked(size_t end) {
 
 void Qp::FailHeadLocked(size_t idx, ibv_wc_status st) {
   CompleteSendWqeLocked(sq_[idx % sq_.size()], st);
-  if (type_ == IBV_QPT_RC) {
+  if (Reliable()) {
     EnterErrorLocked();
     return;
   }
@@ -122,7 +122,7 @@ void Qp::FailHeadLocked(size_t idx, ibv_wc_status st) {
 
 void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget& t) {
   RxWork& work = WorkOf(t);
-  if (type_ != IBV_QPT_RC || head_ == next_) return;
+  if (!Reliable() || head_ == next_) return;
   if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD && state_ != IBV_QPS_SQE) return;
   uint32_t psn = p.bth->psn();
   int32_t d = wire::PsnDiff(psn, sq_[head_ % sq_.size()].psn);

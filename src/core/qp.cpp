@@ -26,6 +26,7 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
       send_cq_(init.send_cq),
       recv_cq_(init.recv_cq),
       srq_(init.srq),
+      xrcd_(init.xrcd),
       cap_(init.cap),
       sq_sig_all_(init.sq_sig_all),
       user_handle_(init.user_handle) {
@@ -39,7 +40,7 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
     sq_[i].inline_buf =
         cap_.max_inline_data ? &inline_pool_[size_t{i} * cap_.max_inline_data] : nullptr;
   }
-  if (!srq_)
+  if (!srq_ && type_ != IBV_QPT_XRC_SEND && type_ != IBV_QPT_XRC_RECV)
     rq_ = std::make_unique<RecvQueue>(cap_.max_recv_wr ? cap_.max_recv_wr : 1,
                                       cap_.max_recv_sge ? cap_.max_recv_sge : 1);
   attr_.qp_state = IBV_QPS_RESET;
@@ -57,7 +58,7 @@ void Qp::SetStateLocked(ibv_qp_state s) {
 }
 
 void Qp::PublishEndpointLocked() {
-  if (type_ != IBV_QPT_RC) return;
+  if (type_ != IBV_QPT_RC) return;  // XRC targets check keys against the PD of the SRQ named
   constexpr int kRemote =
       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   // The states in which the responder answers requests (docs/architecture.md §8).
@@ -169,6 +170,11 @@ int Qp::ApplyAttrs(const ibv_qp_attr& a, int mask) {
 }
 
 int Qp::Modify(const ibv_qp_attr& attr, int mask) {
+  // The kernel's uverbs drops what the other half of an XRC connection would take, so programs
+  // pass RC masks for both halves (perftest -c XRC does).
+  if (type_ == IBV_QPT_XRC_SEND) mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (type_ == IBV_QPT_XRC_RECV)
+    mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
   std::lock_guard<std::mutex> g(mu_);
   ibv_qp_state cur = state_;
   int raw_next = (mask & IBV_QP_STATE) ? RawEnum(attr.qp_state) : cur;
@@ -256,7 +262,7 @@ void Qp::ResetLocked() {
 void Qp::EnterErrorLocked() {
   FlushAckLocked();
   // Frames of WQEs about to complete may still sit in a link queue, borrowing their buffers.
-  if (type_ == IBV_QPT_RC && head_ != next_) hca_.SecureQueuedPayloads();
+  if (Reliable() && head_ != next_) hca_.SecureQueuedPayloads();
   bool was_error = state_ == IBV_QPS_ERR;
   SetStateLocked(IBV_QPS_ERR);
   for (uint64_t i = head_; i < tail_; ++i) {
@@ -321,8 +327,8 @@ int Qp::ValidateWr(const ibv_send_wr& wr, bool type1_bind) const {
   int raw_opcode;
   std::memcpy(&raw_opcode, &wr.opcode, sizeof raw_opcode);
   WrOpRule rule = RuleFor(raw_opcode);
-  bool ok = (type_ == IBV_QPT_RC && rule.rc) || (type_ == IBV_QPT_UC && rule.uc) ||
-            (type_ == IBV_QPT_UD && rule.ud);
+  bool ok = ((type_ == IBV_QPT_RC || type_ == IBV_QPT_XRC_SEND) && rule.rc) ||
+            (type_ == IBV_QPT_UC && rule.uc) || (type_ == IBV_QPT_UD && rule.ud);
   if (!ok) return EINVAL;
   if (wr.opcode == IBV_WR_BIND_MW) {
     // A work request binds type 2 windows; type 1 windows bind through ibv_bind_mw(3) only.
@@ -421,6 +427,7 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
       w.remote_qpn = wr->wr.ud.remote_qpn;
       w.remote_qkey = wr->wr.ud.remote_qkey;
     }
+    w.remote_srqn = type_ == IBV_QPT_XRC_SEND ? wr->qp_type.xrc.remote_srqn : 0;
     w.length = 0;
     bool local_op = wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV;
     if (local_op) {
@@ -553,7 +560,9 @@ void Qp::RxAbort(link::RxTarget& t) {
   if (rx_active_ > 0) --rx_active_;
   RxWork& w = WorkOf(t);
   if (!shut_down_ && !w.is_response && w.has_recv && state_ != IBV_QPS_ERR) {
-    if (srq_)
+    if (w.xrc_srq)
+      w.xrc_srq->PushFront(w.recv);
+    else if (srq_)
       srq_->PushFront(w.recv);
     else
       rq_->PushFront(w.recv);
@@ -561,7 +570,7 @@ void Qp::RxAbort(link::RxTarget& t) {
   // Nor does the PSN its header took count: left advanced, the retransmission of this request
   // would be ACKed as a duplicate without being executed (hostile_peer_test
   // AConnectionDroppedMidWriteLeavesOthersWorking).
-  if (!shut_down_ && !w.is_response && w.kind != RxWork::kDrop && type_ == IBV_QPT_RC &&
+  if (!shut_down_ && !w.is_response && w.kind != RxWork::kDrop && Reliable() &&
       state_ != IBV_QPS_ERR && rq_psn_ == ((w.psn + 1) & wire::kPsnMask))
     rq_psn_ = w.psn;
 }
@@ -575,7 +584,7 @@ void Qp::OnChannelClosed(link::Channel& ch) {
   // ibv_destroy_qp, and the application may have destroyed the CQs too (qperf's heap was
   // corrupted by an error completion written into its freed send CQ).
   if (shut_down_) return;
-  if (type_ == IBV_QPT_RC && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
+  if (Reliable() && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
 }
 

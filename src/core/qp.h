@@ -67,6 +67,7 @@ struct SendWqe {
   uint64_t compare_add, swap;
   const Ah* ah;
   uint32_t remote_qpn, remote_qkey;
+  uint32_t remote_srqn;  // XRC_SEND: the XRC SRQ the message is for
   uint32_t num_sge;
   ibv_sge* sge;         // this WQE's slice of the QP's SGE pool
   uint8_t* inline_buf;  // this WQE's slice of the inline pool, when IBV_SEND_INLINE
@@ -89,6 +90,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
     Cq* send_cq;
     Cq* recv_cq;
     Srq* srq;
+    std::shared_ptr<Xrcd> xrcd;  // XRC_RECV: the domain whose SRQs its messages reach
     ibv_qp_cap cap;
     bool sq_sig_all;
     ibv_qp* user_handle;
@@ -161,7 +163,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
   void RxRequestEnd(link::Channel& ch, RxWork& w);
   void RxUdHeader(const Packet& p, link::RxTarget& t);
-  bool TakeRecvLocked(RecvWqe* out);
+  bool TakeRecvLocked(Srq* xrc_srq, RecvWqe* out);
   void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
   void FlushAckLocked();
   void ReleaseHeldCompletionsLocked();
@@ -169,6 +171,11 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
   void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
+
+  // RC semantics (PSNs, ACKs, retransmission): RC and both halves of XRC.
+  bool Reliable() const {
+    return type_ == IBV_QPT_RC || type_ == IBV_QPT_XRC_SEND || type_ == IBV_QPT_XRC_RECV;
+  }
 
   Context& ctx_;
   Hca& hca_;
@@ -178,6 +185,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   Cq* send_cq_;
   Cq* recv_cq_;
   Srq* srq_;
+  std::shared_ptr<Xrcd> xrcd_;
   ibv_qp_cap cap_;
   const bool sq_sig_all_;
   ibv_qp* user_handle_;
@@ -238,6 +246,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   struct PendingCqe {
     ibv_wc wc;
     bool solicited;
+    Cq* cq;
   };
   std::vector<PendingCqe> pending_cqes_;
   std::shared_ptr<link::Channel> ack_channel_;

@@ -27,6 +27,7 @@ struct Qp::RxWork {
   uint8_t sl;
   uint64_t wr_id;
   uint64_t wqe_index;
+  Srq* xrc_srq;  // XRC_RECV: the SRQ the XRCETH named (its PD checks keys, its CQ completes)
   RecvWqe recv;  // the receive WQE this message took, to give back if it never completes
   static constexpr uint8_t kNoNak = 0xff;
 };

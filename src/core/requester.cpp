@@ -48,6 +48,9 @@ uint8_t TransportBits(ibv_qp_type t) {
       return op::kUc;
     case IBV_QPT_UD:
       return op::kUd;
+    case IBV_QPT_XRC_SEND:
+    case IBV_QPT_XRC_RECV:
+      return op::kXrc;
     default:
       return op::kRc;
   }
@@ -85,7 +88,7 @@ uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited
     p += sizeof(wire::Grh);
   }
   auto* bth = reinterpret_cast<wire::Bth*>(p);
-  bth->Set(opcode, solicited, 0xffff, dqpn, psn, type_ == IBV_QPT_RC);
+  bth->Set(opcode, solicited, 0xffff, dqpn, psn, Reliable());
   f.hdr_len = static_cast<uint8_t>(p - f.hdr + Opcode(opcode).length);
   return p;
 }
@@ -142,13 +145,14 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
                    IsMulticastGid(av->attr.grh.dgid);
   if (!multicast && (!av || !av->channel || av->channel->closed())) {
     SOFTRDMA_LOG("qp %#x: no path to qpn %#x, message %s", qpn_, dqpn,
-                 type_ == IBV_QPT_RC ? "fails" : "lost");
+                 Reliable() ? "fails" : "lost");
     // Unreliable transports lose the message silently; RC reports the dead path.
-    return type_ == IBV_QPT_RC ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
+    return Reliable() ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
   }
 
   uint8_t* bth = BuildHeaderLocked(f, opcode, w.send_flags & IBV_SEND_SOLICITED, dqpn, psn,
                                    type_ == IBV_QPT_UD ? av : nullptr);
+  if (info.has(kHasXrcEth)) reinterpret_cast<wire::XrcEth*>(bth + info.xrceth)->Set(w.remote_srqn);
   if (info.has(kHasDeth)) {
     uint32_t qkey = (w.remote_qkey & 0x80000000u) ? attr_.qkey : w.remote_qkey;
     reinterpret_cast<wire::Deth*>(bth + info.deth)->Set(qkey, qpn_);
@@ -163,8 +167,8 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   if (info.has(kHasImm)) std::memcpy(bth + info.imm, &w.imm_or_rkey, 4);
   if (info.has(kHasIeth)) reinterpret_cast<wire::Ieth*>(bth + info.ieth)->Set(w.imm_or_rkey);
 
-  f.payload_outlives_send = type_ == IBV_QPT_RC;
-  if (type_ == IBV_QPT_RC && ack_pending_ && ack_channel_ == av->channel) {
+  f.payload_outlives_send = Reliable();
+  if (Reliable() && ack_pending_ && ack_channel_ == av->channel) {
     // An ACK owed to the peer leaves with this request, in one write.
     link::OutFrame ack;
     uint8_t op = op::kRc | op::kAcknowledge;
@@ -177,7 +181,7 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
     ReleaseHeldCompletionsLocked();
     return IBV_WC_SUCCESS;
   }
-  if (type_ == IBV_QPT_RC && !ack_defer_ && link::NowNs() - ack_sent_ns_ < kReplyWindowNs)
+  if (Reliable() && !ack_defer_ && link::NowNs() - ack_sent_ns_ < kReplyWindowNs)
     ack_defer_ = true;  // this request answers what we just acknowledged: ping-pong traffic
   if (multicast) {
     // One copy per member QP; each names its receiver, the GRH keeps the group's GID.
@@ -220,10 +224,10 @@ void Qp::RunRequesterLocked() {
       continue;
     }
     bool rd = MapWr(w.opcode).read_or_atomic;
-    if (type_ == IBV_QPT_RC) {
+    if (Reliable()) {
       if ((w.send_flags & IBV_SEND_FENCE) && rd_outstanding_ > 0) return;
       if (rd && rd_outstanding_ >= std::max<uint32_t>(attr_.max_rd_atomic, 1)) return;
-      if (TryDirectLocked(w)) {
+      if (type_ == IBV_QPT_RC && TryDirectLocked(w)) {
         w.sent = w.done = true;
         w.status = IBV_WC_SUCCESS;
         ++next_;
@@ -240,7 +244,7 @@ void Qp::RunRequesterLocked() {
       return;
     }
     ++next_;
-    if (type_ == IBV_QPT_RC) {
+    if (Reliable()) {
       ArmRetransmitLocked();  // after ++next_: the period counts this message's bytes too
     } else {
       w.done = true;
@@ -262,7 +266,7 @@ void Qp::ArmRetransmitLocked() {
 }
 
 int64_t Qp::RetransmitTimerLocked(int64_t now) {
-  if (type_ != IBV_QPT_RC || head_ == next_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) {
+  if (!Reliable() || head_ == next_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) {
     retransmit_deadline_ = INT64_MAX;
     return INT64_MAX;
   }

@@ -18,18 +18,20 @@ bool ResponderActive(ibv_qp_state s) {
 }
 
 uint8_t TransportOf(ibv_qp_type t) {
+  if (t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV) return op::kXrc;
   return t == IBV_QPT_UC ? op::kUc : op::kRc;
 }
 
 }  // namespace
 
-bool Qp::TakeRecvLocked(RecvWqe* out) {
-  return srq_ ? srq_->PopForQp(out) : rq_->Pop(out);
+bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
+  if (xrc_srq) return xrc_srq->PopForQp(out);
+  return srq_ ? srq_->PopForQp(out) : rq_ && rq_->Pop(out);
 }
 
 void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
   link::OutFrame f;
-  uint8_t op = op::kRc | op::kAcknowledge;
+  uint8_t op = TransportOf(type_) | op::kAcknowledge;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(syndrome, msn_);
   ch.Send(std::move(f));
@@ -51,7 +53,7 @@ void Qp::FlushAckLocked() {
 }
 
 void Qp::ReleaseHeldCompletionsLocked() {
-  for (const PendingCqe& c : pending_cqes_) PushCompletionLocked(recv_cq_, c.wc, c.solicited);
+  for (const PendingCqe& c : pending_cqes_) PushCompletionLocked(c.cq, c.wc, c.solicited);
   pending_cqes_.clear();
 }
 
@@ -75,7 +77,7 @@ std::shared_ptr<link::Channel> Qp::ResponseChannelLocked(link::Channel& arrival)
 void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
   FlushAckLocked();  // keep responses in PSN order on the wire
   link::OutFrame f;
-  uint8_t op = op::kRc | op::kReadResponseOnly;
+  uint8_t op = TransportOf(type_) | op::kReadResponseOnly;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
   if (len) f.AddPayload(src, len);
@@ -86,7 +88,7 @@ void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, u
 void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
   FlushAckLocked();
   link::OutFrame f;
-  uint8_t op = op::kRc | op::kAtomicAcknowledge;
+  uint8_t op = TransportOf(type_) | op::kAtomicAcknowledge;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   const OpInfo& info = Opcode(op);
   reinterpret_cast<wire::Aeth*>(bth + info.aeth)->Set(wire::aeth::kAck, msn_);
@@ -96,7 +98,7 @@ void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
 
 // A request the responder cannot execute: NAK it and stop the QP (IBTA class C/D errors).
 void Qp::ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev) {
-  if (type_ != IBV_QPT_RC) return;  // UC drops silently
+  if (!Reliable()) return;  // UC drops silently
   SendAckLocked(ch, wire::aeth::kNak | nak, psn);
   EnterErrorLocked();
   RaiseAsync(ev);
@@ -110,18 +112,34 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     SOFTRDMA_LOG("qp %#x: request dropped (opcode %#x, state %d)", qpn_, opcode, state_);
     return;
   }
+  if (type_ == IBV_QPT_XRC_SEND) return;  // an initiator only: it executes no requests
   if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
     comm_est_raised_ = true;
     RaiseAsync(IBV_EVENT_COMM_EST);
   }
   uint32_t psn = p.bth->psn();
   w.psn = psn;
+  // An XRC target executes a request on behalf of the SRQ its XRCETH names, which must be of the
+  // target's domain: that SRQ's PD checks every key, and its CQ gets the receive completion. The
+  // registry's lock keeps the SRQ from being destroyed under us.
+  std::unique_lock<std::mutex> xrc_lock;
+  const Pd* key_pd = pd_;
+  if (type_ == IBV_QPT_XRC_RECV) {
+    xrc_lock = std::unique_lock<std::mutex>(hca_.xrc().mu());
+    uint32_t srqn = p.ext<wire::XrcEth>(info.xrceth)->value();
+    w.xrc_srq = hca_.xrc().FindSrqLocked(srqn, xrcd_.get());
+    if (!w.xrc_srq) {
+      SOFTRDMA_LOG("qp %#x: no XRC SRQ %#x in its domain", qpn_, srqn);
+      return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    }
+    key_pd = w.xrc_srq->pd();
+  }
   w.solicited = p.bth->solicited();
   // softrdma sends every message as one frame; split messages are not part of its protocol.
   if ((info.mask & kIsOnly) != kIsOnly)
     return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
 
-  if (type_ == IBV_QPT_RC) {
+  if (Reliable()) {
     int32_t d = wire::PsnDiff(psn, rq_psn_);
     if (d > 0) {
       // A gap: something before was dropped (e.g. sent before this QP reached RTR). Ask once for
@@ -151,7 +169,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   } else {
     rq_psn_ = psn;  // UC: no retransmission, accept what arrives
   }
-  bool duplicate_read = type_ == IBV_QPT_RC && wire::PsnDiff(psn, rq_psn_) < 0;
+  bool duplicate_read = Reliable() && wire::PsnDiff(psn, rq_psn_) < 0;
 
   // Checks that can refuse a request come before it takes a receive WQE.
   if (info.mask & kIsWrite) {
@@ -168,7 +186,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     }
     if (len > 0) {
       KeyCheck why;
-      uint8_t* host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len,
+      uint8_t* host = hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len,
                                          IBV_ACCESS_REMOTE_WRITE, false, &why, qpn_);
       if (!host) {
         w.kind = RxWork::kDrop;
@@ -183,11 +201,11 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
 
   if (info.mask & kConsumesRecv) {
     RecvWqe r;
-    if (!TakeRecvLocked(&r)) {
+    if (!TakeRecvLocked(w.xrc_srq, &r)) {
       SOFTRDMA_LOG("qp %#x: no receive WQE for psn %#x", qpn_, psn);
       t.nseg = 0;
       w.kind = RxWork::kDrop;
-      if (type_ == IBV_QPT_RC) {
+      if (Reliable()) {
         rnr_nak_outstanding_ = true;
         SendAckLocked(ch, wire::aeth::kRnrNak | (attr_.min_rnr_timer & 0x1f), psn);
       }
@@ -209,7 +227,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (info.mask & kIsSend) {
       w.wc_opcode = IBV_WC_RECV;
       w.byte_len = p.payload_len;
-      const Pd* pd = srq_ ? srq_->pd() : pd_;
+      const Pd* pd = w.xrc_srq ? key_pd : srq_ ? srq_->pd() : pd_;
       uint64_t room = 0;
       KeyCheck why;
       for (uint32_t i = 0; i < r.num_sge; ++i) {
@@ -235,7 +253,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     // SEND_WITH_INV: the type 2 window the key names, bound through this QP, is invalidated
     // (as rxe: otherwise both sides complete with REM_INV_REQ_ERR).
     if (info.has(kHasIeth) && w.recv_status == IBV_WC_SUCCESS &&
-        !hca_.mrs().InvalidateMw(w.imm, pd_, qpn_)) {
+        !hca_.mrs().InvalidateMw(w.imm, key_pd, qpn_)) {
       w.recv_status = IBV_WC_REM_INV_REQ_ERR;
       w.nak = wire::aeth::kNakInvalidRequest;
       t.nseg = 0;
@@ -250,8 +268,8 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     uint8_t* host = nullptr;
     if (len > 0) {
       KeyCheck why;
-      host = hca_.mrs().Resolve(reth->key(), pd_, reth->addr(), len, IBV_ACCESS_REMOTE_READ, false,
-                                &why, qpn_);
+      host = hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len, IBV_ACCESS_REMOTE_READ,
+                                false, &why, qpn_);
       if (!host)
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     }
@@ -268,8 +286,8 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (!(attr_.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) || (a->addr() & 7))
       return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     KeyCheck why;
-    uint8_t* host = hca_.mrs().Resolve(a->key(), pd_, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC, false,
-                                       &why, qpn_);
+    uint8_t* host = hca_.mrs().Resolve(a->key(), key_pd, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC,
+                                       false, &why, qpn_);
     if (!host)
       return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     auto* target = reinterpret_cast<uint64_t*>(host);
@@ -305,7 +323,7 @@ void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
     return;
   }
   RecvWqe r;
-  if (!TakeRecvLocked(&r)) {
+  if (!TakeRecvLocked(nullptr, &r)) {
     SOFTRDMA_LOG("qp %#x: UD frame dropped: no receive WQE", qpn_);
     return;
   }
@@ -379,21 +397,22 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     wc.wc_flags = w.wc_flags;
     wc.slid = type_ == IBV_QPT_UD ? w.slid : av_.attr.dlid;
     wc.sl = type_ == IBV_QPT_UD ? w.sl : av_.attr.sl;
-    if (type_ == IBV_QPT_RC && wc.status == IBV_WC_SUCCESS && state_ != IBV_QPS_ERR)
-      pending_cqes_.push_back(PendingCqe{wc, w.solicited});
+    Cq* cq = w.xrc_srq ? w.xrc_srq->cq() : recv_cq_;
+    if (Reliable() && wc.status == IBV_WC_SUCCESS && state_ != IBV_QPS_ERR)
+      pending_cqes_.push_back(PendingCqe{wc, w.solicited, cq});
     else
-      PushCompletionLocked(recv_cq_, wc, w.solicited);
+      PushCompletionLocked(cq, wc, w.solicited);
   }
   if (state_ == IBV_QPS_ERR) return;
   if (w.nak != RxWork::kNoNak) {
-    if (type_ == IBV_QPT_RC) {
+    if (Reliable()) {
       SendAckLocked(ch, wire::aeth::kNak | w.nak, w.psn);
       RaiseAsync(IBV_EVENT_QP_REQ_ERR);
     }
     EnterErrorLocked();
     return;
   }
-  if (type_ != IBV_QPT_RC) return;
+  if (!Reliable()) return;
   ++msn_;
   ack_pending_ = true;
   ack_psn_ = w.psn;

@@ -137,6 +137,25 @@ pingpong_cases() {
 	done
 	pingpong_case ibv_rc_pingpong -N
 	udp_link_case
+	xsrq_case -n 100
+	xsrq_case -n 100 -e
+}
+
+# ibv_xsrq_pingpong (XRC): both sides print "success". One client per server: with several, the
+# server sends each client's messages through the other clients' receive QPs, which needs an XRC
+# domain shared by processes (issue 5, not yet).
+xsrq_case() {
+	local args="$*" name
+	name="ibv_xsrq_pingpong${args:+ $args}"
+	want "$name" || return 0
+	srdma_next_port "$SNS"
+	run_pair --port "$PORT" --timeout "$PP_TMO" \
+		--expect '^success$' --expect-server '^success$' \
+		--reject "couldn'?t|failed|error" \
+		"$name" \
+		"ibv_xsrq_pingpong -p $PORT $args" \
+		"ibv_xsrq_pingpong -p $PORT $args $HOST" \
+		"$SNS" "$CNS"
 }
 
 # UD over the UDP link (opt-in with SOFTRDMA_UD_LINK=udp; UD otherwise rides the stream link).
@@ -233,6 +252,8 @@ perftest_cases() {
 	# UD messages are capped at the MTU (perftest shrinks the 64 KiB default).
 	perftest_case ib_send_bw "" 1000 "" -c UD
 	perftest_case ib_write_bw 65536 5000 "" -c UC
+	perftest_case ib_send_bw 65536 1000 "" -c XRC
+	perftest_case ib_write_bw 65536 5000 "" -c XRC
 }
 
 # ---------------------------------------------------------------------------

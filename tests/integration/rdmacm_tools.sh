@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 #
 # Acceptance matrix of issue 3: the unmodified Debian rdmacm-utils (rping,
-# ucmatose, udaddy, mckey, cmtime, rdma_server/rdma_client, rstream,
+# ucmatose, udaddy, mckey, cmtime, rdma_server/rdma_client (and rdma_xserver/
+# rdma_xclient, RC and XRC), rstream,
 # riostream, rcopy, udpong) and perftest with -R (connection through the
 # RDMA CM) on softrdma's librdmacm, as separate server and client processes:
 # both on the host (loopback, 127.0.0.1) or in two network namespaces joined
@@ -332,17 +333,20 @@ cmtime_case() {
 }
 
 # rdma_server / rdma_client: one RC connection over rdma_create_ep (synchronous
-# ids), a 16-byte send each way; both print "end 0".
-rdma_server_case() {
-	local name="rdma_server / rdma_client"
+# ids), a 16-byte send each way; both print "end 0". rdma_xserver / rdma_xclient
+# do the same over XRC (-c x: RDMA_PS_IB, an XRC target QP and XRC SRQ made by
+# the CM on the server, whose SRQ number travels in the accept's private data)
+# or RC (-c r).
+cm_ep_case() {
+	local name=$1 server=$2 client=$3 args=$4
 	want "$name" || return 0
 	srdma_next_port "$SNS"
 	run_pair --port "$PORT" --timeout "$(tmo_for "$name")" \
 		--reject "$REJECT_COMMON" \
-		--expect '^rdma_client: end 0$' --expect-server '^rdma_server: end 0$' \
+		--expect "^$client: end 0\$" --expect-server "^$server: end 0\$" \
 		"$name" \
-		"rdma_server -p $PORT" \
-		"rdma_client -s $HOST -p $PORT" \
+		"$server -p $PORT $args" \
+		"$client -s $HOST -p $PORT $args" \
 		"$SNS" "$CNS"
 }
 
@@ -496,7 +500,9 @@ all_cases() {
 	cmatose_cases
 	mckey_cases
 	cmtime_case "$CMTIME_CONNS"
-	rdma_server_case
+	cm_ep_case "rdma_server / rdma_client" rdma_server rdma_client ""
+	cm_ep_case "rdma_xserver / rdma_xclient -c x" rdma_xserver rdma_xclient "-c x"
+	cm_ep_case "rdma_xserver / rdma_xclient -c r" rdma_xserver rdma_xclient "-c r"
 	perftest_cases
 	rsocket_cases
 }

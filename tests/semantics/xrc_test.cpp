@@ -143,4 +143,193 @@ TEST_F(Xrc, AnXrcSrqHasANumberAndNeedsADomainAndACq) {
   EXPECT_EQ(ibv_close_xrcd(x), 0);
 }
 
+// ---- XRC QPs ----------------------------------------------------------------------------------
+
+// One initiator (XRC_SEND) connected to one target (XRC_RECV) of a domain with two XRC SRQs, each
+// completing on its own CQ: the sender picks the SRQ per message.
+class XrcTraffic : public Xrc {
+ protected:
+  void SetUp() override {
+    Xrc::SetUp();
+    xrcd = Open(-1, O_CREAT);
+    ASSERT_NE(xrcd, nullptr);
+    for (int i = 0; i < 2; ++i) {
+      srq_cq[i] = ibv_create_cq(v.ctx, 16, nullptr, nullptr, 0);
+      ASSERT_NE(srq_cq[i], nullptr);
+      srq[i] = XrcSrq(xrcd, srq_cq[i]);
+      ASSERT_NE(srq[i], nullptr) << strerror(errno);
+      ASSERT_EQ(ibv_get_srq_num(srq[i], &srqn[i]), 0);
+    }
+    buf = Buf(4096);
+    ASSERT_NE(buf, nullptr);
+
+    ibv_qp_init_attr_ex ini{};
+    ini.qp_type = IBV_QPT_XRC_SEND;
+    ini.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ini.pd = v.pd;
+    ini.send_cq = cq;
+    ini.cap.max_send_wr = 16;
+    ini.cap.max_send_sge = 1;
+    send_qp = ibv_create_qp_ex(v.ctx, &ini);
+    ASSERT_NE(send_qp, nullptr) << strerror(errno);
+    ibv_qp_init_attr_ex tgt{};
+    tgt.qp_type = IBV_QPT_XRC_RECV;
+    tgt.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    tgt.xrcd = xrcd;
+    recv_qp = ibv_create_qp_ex(v.ctx, &tgt);
+    ASSERT_NE(recv_qp, nullptr) << strerror(errno);
+
+    QpOpts so;
+    so.type = IBV_QPT_XRC_SEND;
+    so.retry_cnt = 1;
+    QpOpts ro;
+    ro.type = IBV_QPT_XRC_RECV;
+    Remote to_recv{recv_qp->qp_num, v.port.lid, v.gid, 0};
+    Remote to_send{send_qp->qp_num, v.port.lid, v.gid, 0};
+    ASSERT_EQ(BringUp(recv_qp, ro, to_send), 0);
+    ASSERT_EQ(BringUp(send_qp, so, to_recv), 0);
+  }
+  void TearDown() override {
+    if (send_qp) {
+      EXPECT_EQ(ibv_destroy_qp(send_qp), 0);
+    }
+    if (recv_qp) {
+      EXPECT_EQ(ibv_destroy_qp(recv_qp), 0);
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (srq[i]) {
+        EXPECT_EQ(ibv_destroy_srq(srq[i]), 0);
+      }
+      if (srq_cq[i]) {
+        EXPECT_EQ(ibv_destroy_cq(srq_cq[i]), 0);
+      }
+    }
+    if (xrcd) {
+      EXPECT_EQ(ibv_close_xrcd(xrcd), 0);
+    }
+    Xrc::TearDown();
+  }
+  int PostSrqRecv(int i, uint64_t wr_id, size_t off) {
+    ibv_sge sge{buf->addr() + off, 64, buf->lkey()};
+    ibv_recv_wr wr{};
+    ibv_recv_wr* bad = nullptr;
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    return ibv_post_srq_recv(srq[i], &wr, &bad);
+  }
+  int SendTo(uint32_t remote_srqn, uint64_t wr_id, size_t off, uint32_t len) {
+    ibv_sge sge{buf->addr() + off, len, buf->lkey()};
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.qp_type.xrc.remote_srqn = remote_srqn;
+    return ibv_post_send(send_qp, &wr, &bad);
+  }
+  ibv_xrcd* xrcd = nullptr;
+  ibv_cq* srq_cq[2] = {};
+  ibv_srq* srq[2] = {};
+  uint32_t srqn[2] = {};
+  Buffer* buf = nullptr;
+  ibv_qp* send_qp = nullptr;
+  ibv_qp* recv_qp = nullptr;
+};
+
+TEST_F(XrcTraffic, TheSenderPicksTheSrqAndItsCqGetsTheCompletion) {
+  ASSERT_EQ(PostSrqRecv(0, 100, 1024), 0);
+  ASSERT_EQ(PostSrqRecv(1, 200, 2048), 0);
+  std::memcpy(buf->data(), "to-srq-one", 11);
+  std::memcpy(buf->data() + 64, "to-srq-zero", 12);
+  ASSERT_EQ(SendTo(srqn[1], 1, 0, 11), 0);
+  ASSERT_EQ(SendTo(srqn[0], 2, 64, 12), 0);
+  ibv_wc wc;
+  for (uint64_t id : {1u, 2u}) {
+    ASSERT_TRUE(PollOne(cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(wc.wr_id, id);
+  }
+  ASSERT_TRUE(PollOne(srq_cq[1], &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 200u);
+  EXPECT_EQ(wc.byte_len, 11u);
+  EXPECT_EQ(wc.qp_num, recv_qp->qp_num);
+  EXPECT_EQ(std::memcmp(buf->data() + 2048, "to-srq-one", 11), 0);
+  ASSERT_TRUE(PollOne(srq_cq[0], &wc));
+  EXPECT_EQ(wc.wr_id, 100u);
+  EXPECT_EQ(wc.byte_len, 12u);
+  EXPECT_EQ(std::memcmp(buf->data() + 1024, "to-srq-zero", 12), 0);
+  EXPECT_TRUE(Drain(srq_cq[0]).empty());
+  EXPECT_TRUE(Drain(srq_cq[1]).empty());
+}
+
+TEST_F(XrcTraffic, AnRdmaWriteThroughTheTargetChecksKeysWithTheSrqsPd) {
+  std::memcpy(buf->data(), "written", 8);
+  ibv_sge sge{buf->addr(), 8, buf->lkey()};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = 7;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = buf->addr() + 3000;
+  wr.wr.rdma.rkey = buf->rkey();
+  wr.qp_type.xrc.remote_srqn = srqn[0];
+  ASSERT_EQ(ibv_post_send(send_qp, &wr, &bad), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(PollOne(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(std::memcmp(buf->data() + 3000, "written", 8), 0);
+  EXPECT_TRUE(Drain(srq_cq[0]).empty()) << "a WRITE consumes no receive";
+}
+
+TEST_F(XrcTraffic, AnSrqNumberTheTargetsDomainDoesNotHaveFailsTheSenderAndDeliversNothing) {
+  // An SRQ of another domain, and a number no SRQ has.
+  ibv_xrcd* other = Open(-1, O_CREAT);
+  ASSERT_NE(other, nullptr);
+  ibv_cq* other_cq = ibv_create_cq(v.ctx, 4, nullptr, nullptr, 0);
+  ibv_srq* foreign = XrcSrq(other, other_cq);
+  ASSERT_NE(foreign, nullptr);
+  uint32_t foreign_n = 0;
+  ASSERT_EQ(ibv_get_srq_num(foreign, &foreign_n), 0);
+  ibv_sge sge{buf->addr(), 64, buf->lkey()};
+  ibv_recv_wr rwr{};
+  ibv_recv_wr* rbad = nullptr;
+  rwr.sg_list = &sge;
+  rwr.num_sge = 1;
+  ASSERT_EQ(ibv_post_srq_recv(foreign, &rwr, &rbad), 0);
+  ASSERT_EQ(PostSrqRecv(0, 1, 0), 0);
+  ASSERT_EQ(SendTo(foreign_n, 9, 128, 8), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(PollOne(cq, &wc));
+  EXPECT_EQ(wc.wr_id, 9u);
+  EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR) << ibv_wc_status_str(wc.status);
+  EXPECT_TRUE(Drain(other_cq).empty()) << "nothing reaches another domain's SRQ";
+  EXPECT_TRUE(Drain(srq_cq[0]).empty());
+  EXPECT_EQ(ibv_destroy_srq(foreign), 0);
+  EXPECT_EQ(ibv_destroy_cq(other_cq), 0);
+  EXPECT_EQ(ibv_close_xrcd(other), 0);
+}
+
+TEST_F(XrcTraffic, XrcQpsHaveNoReceiveQueueAndTheTargetNoSendQueue) {
+  ibv_sge sge{buf->addr(), 8, buf->lkey()};
+  ibv_recv_wr rwr{};
+  ibv_recv_wr* rbad = nullptr;
+  rwr.sg_list = &sge;
+  rwr.num_sge = 1;
+  EXPECT_EQ(ibv_post_recv(send_qp, &rwr, &rbad), EINVAL);
+  EXPECT_EQ(ibv_post_recv(recv_qp, &rwr, &rbad), EINVAL);
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  EXPECT_EQ(ibv_post_send(recv_qp, &wr, &bad), EINVAL);
+  EXPECT_EQ(ibv_close_xrcd(xrcd), EBUSY) << "the target QP uses the domain";
+}
+
 }  // namespace

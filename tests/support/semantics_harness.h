@@ -201,18 +201,21 @@ inline int InitMask(ibv_qp_type t) {
 inline int RtrMask(ibv_qp_type t) {
   switch (t) {
     case IBV_QPT_RC:
+    case IBV_QPT_XRC_RECV:
       return IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     case IBV_QPT_UC:
+    case IBV_QPT_XRC_SEND:
       return IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
     default:
       return IBV_QP_STATE;
   }
 }
 inline int RtsMask(ibv_qp_type t) {
-  if (t == IBV_QPT_RC)
+  if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND)
     return IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
            IBV_QP_MAX_QP_RD_ATOMIC;
+  if (t == IBV_QPT_XRC_RECV) return IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
   return IBV_QP_STATE | IBV_QP_SQ_PSN;
 }
 

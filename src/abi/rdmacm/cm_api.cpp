@@ -99,7 +99,8 @@ SOFTRDMA_EXPORT int rdma_create_srq(rdma_cm_id* id, ibv_pd* pd, ibv_srq_init_att
   ibv_srq_init_attr_ex ex{};
   std::memcpy(&ex, attr, sizeof *attr);
   ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
-  ex.srq_type = IBV_SRQT_BASIC;
+  // An XRC target's SRQ is an XRC SRQ (rdma_xserver names neither type nor domain).
+  ex.srq_type = id->qp_type == IBV_QPT_XRC_RECV ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
   ex.pd = pd;
   int err = Cm::Get().CreateSrq(ToId(id), &ex);
   if (!err) std::memcpy(attr, &ex, sizeof *attr);

@@ -88,6 +88,7 @@ struct VerbsQp {
   ibv_qp_ex ibv;
   std::shared_ptr<core::Qp> core;
   bool extended = false;
+  VerbsXrcd* xrcd = nullptr;  // XRC_RECV QPs
   // ibv_wr_* builder state between wr_start and wr_complete.
   struct Builder;
   std::unique_ptr<Builder> builder;

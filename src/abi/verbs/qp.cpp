@@ -1,5 +1,6 @@
 // Queue pairs: creation (classic and extended), modify/query/destroy, posting, and the ibv_wr_*
 // builders of ibv_qp_ex.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -13,17 +14,69 @@ using namespace softrdma::abi;
 
 namespace softrdma::abi {
 
+namespace {
+
+// The QP behind a handle, with the handle's fields every type has; nullptr and errno on failure.
+VerbsQp* NewQp(ibv_context* ctx, core::Qp::Init init, void* qp_context) {
+  auto* qp = new VerbsQp{};
+  init.user_handle = &qp->ibv.qp_base;
+  int err = 0;
+  qp->core = CoreOf(ctx).hca().CreateQp(CoreOf(ctx), init, &err);
+  if (!qp->core) {
+    delete qp;
+    errno = err;
+    return nullptr;
+  }
+  ibv_qp& q = qp->ibv.qp_base;
+  q.context = ctx;
+  q.qp_context = qp_context;
+  q.handle = qp->core->qpn();
+  q.qp_num = qp->core->qpn();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = init.type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  return qp;
+}
+
+// The target half of XRC: no send or receive queue, no PD or CQ of its own; its messages reach the
+// XRC SRQs of its domain.
+ibv_qp* CreateXrcRecvQp(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd) return Fail<ibv_qp>(EINVAL);
+  if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) return Fail<ibv_qp>(EINVAL);
+  core::Qp::Init init{};
+  init.type = IBV_QPT_XRC_RECV;
+  init.xrcd = VerbsXrcd::From(a->xrcd)->core;
+  VerbsQp* qp = NewQp(ctx, init, a->qp_context);
+  if (!qp) return nullptr;
+  a->cap = ibv_qp_cap{};
+  qp->xrcd = VerbsXrcd::From(a->xrcd);
+  ++qp->xrcd->users;
+  return &qp->ibv.qp_base;
+}
+
+}  // namespace
+
 ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!ctx || !a) return Fail<ibv_qp>(EINVAL);
-  constexpr uint32_t kSupportedMask =
-      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  constexpr uint32_t kSupportedMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                                      IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD;
   if (a->comp_mask & ~kSupportedMask) return Fail<ibv_qp>(EOPNOTSUPP);
-  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return Fail<ibv_qp>(EINVAL);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
     return Fail<ibv_qp>(EOPNOTSUPP);
-  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD)
+  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
+      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV)
     return Fail<ibv_qp>(EOPNOTSUPP);
-  if (!a->send_cq || !a->recv_cq) return Fail<ibv_qp>(EINVAL);
+  if (a->qp_type == IBV_QPT_XRC_RECV) return CreateXrcRecvQp(ctx, a);
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return Fail<ibv_qp>(EINVAL);
+  bool xrc_send = a->qp_type == IBV_QPT_XRC_SEND;
+  if (xrc_send) {
+    // The initiator half of XRC: a send queue only (receives go to the target's XRC SRQs).
+    if (a->srq) return Fail<ibv_qp>(EINVAL);
+    a->cap.max_recv_wr = a->cap.max_recv_sge = 0;
+  }
+  ibv_cq* recv_cq = xrc_send ? nullptr : a->recv_cq;
+  if (!a->send_cq || (!recv_cq && !xrc_send)) return Fail<ibv_qp>(EINVAL);
   if (a->srq && a->qp_type == IBV_QPT_UC) return Fail<ibv_qp>(EINVAL);  // IBTA: no SRQ for UC
   ibv_qp_cap& cap = a->cap;
   if (cap.max_send_wr > core::kMaxQpWr || cap.max_send_sge > core::kMaxSge ||
@@ -44,43 +97,37 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
                                 IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                 IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-    uint64_t allowed = a->qp_type == IBV_QPT_RC ? kOps : a->qp_type == IBV_QPT_UC ? kUcOps : kUdOps;
+    uint64_t allowed = a->qp_type == IBV_QPT_RC || xrc_send ? kOps
+                       : a->qp_type == IBV_QPT_UC           ? kUcOps
+                                                            : kUdOps;
     if (send_ops & ~allowed) return Fail<ibv_qp>(EOPNOTSUPP);
   }
 
   if (a->srq) cap.max_recv_wr = cap.max_recv_sge = 0;
-  auto* qp = new VerbsQp{};
+  // A send WQE holds at least its SGEs' worth of inline data, as rxe's does: rdma_xclient posts 16
+  // inline bytes on a QP that asked for none and one SGE.
+  cap.max_inline_data = std::min<uint32_t>(
+      std::max<uint32_t>(cap.max_inline_data,
+                         cap.max_send_sge * static_cast<uint32_t>(sizeof(ibv_sge))),
+      core::kMaxInlineData);
   core::Qp::Init init{};
   init.type = a->qp_type;
   init.pd = &VerbsPd::From(a->pd)->core;
   init.send_cq = VerbsCq::From(a->send_cq)->core.get();
-  init.recv_cq = VerbsCq::From(a->recv_cq)->core.get();
+  init.recv_cq = recv_cq ? VerbsCq::From(recv_cq)->core.get() : nullptr;
   init.srq = a->srq ? VerbsSrq::From(a->srq)->core.get() : nullptr;
   init.cap = cap;
   init.sq_sig_all = a->sq_sig_all != 0;
-  init.user_handle = &qp->ibv.qp_base;
-  int err = 0;
-  qp->core = CoreOf(ctx).hca().CreateQp(CoreOf(ctx), init, &err);
-  if (!qp->core) {
-    delete qp;
-    return Fail<ibv_qp>(err);
-  }
+  VerbsQp* qp = NewQp(ctx, init, a->qp_context);
+  if (!qp) return nullptr;
   ibv_qp& q = qp->ibv.qp_base;
-  q.context = ctx;
-  q.qp_context = a->qp_context;
   q.pd = a->pd;
   q.send_cq = a->send_cq;
-  q.recv_cq = a->recv_cq;
+  q.recv_cq = recv_cq;
   q.srq = a->srq;
-  q.handle = qp->core->qpn();
-  q.qp_num = qp->core->qpn();
-  q.state = IBV_QPS_RESET;
-  q.qp_type = a->qp_type;
-  pthread_mutex_init(&q.mutex, nullptr);
-  pthread_cond_init(&q.cond, nullptr);
   ++VerbsPd::From(a->pd)->users;
   ++VerbsCq::From(a->send_cq)->users;
-  ++VerbsCq::From(a->recv_cq)->users;
+  if (recv_cq) ++VerbsCq::From(recv_cq)->users;
   if (a->srq) ++VerbsSrq::From(a->srq)->users;
   if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
     qp->extended = true;
@@ -156,10 +203,11 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
         return e.element.qp == qp;
     }
   });
-  --VerbsPd::From(qp->pd)->users;
-  --VerbsCq::From(qp->send_cq)->users;
-  --VerbsCq::From(qp->recv_cq)->users;
+  if (qp->pd) --VerbsPd::From(qp->pd)->users;
+  if (qp->send_cq) --VerbsCq::From(qp->send_cq)->users;
+  if (qp->recv_cq) --VerbsCq::From(qp->recv_cq)->users;
   if (qp->srq) --VerbsSrq::From(qp->srq)->users;
+  if (q->xrcd) --q->xrcd->users;
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
   delete q;
@@ -305,8 +353,9 @@ void WrSendTso(ibv_qp_ex* q, void*, uint16_t, uint16_t) {
 void WrAtomicWrite(ibv_qp_ex* q, uint32_t, uint64_t, const void*) {
   WrUnsupported(q);
 }
-void WrSetXrcSrqn(ibv_qp_ex* q, uint32_t) {
-  WrUnsupported(q);
+void WrSetXrcSrqn(ibv_qp_ex* q, uint32_t remote_srqn) {
+  if (q->qp_base.qp_type != IBV_QPT_XRC_SEND) return WrUnsupported(q);
+  if (auto* it = Last(q)) it->wr.qp_type.xrc.remote_srqn = remote_srqn;
 }
 
 void WrSetUdAddr(ibv_qp_ex* q, ibv_ah* ah, uint32_t qpn, uint32_t qkey) {
