@@ -560,9 +560,10 @@ void Qp::RxAbort(link::RxTarget& t) {
   if (rx_active_ > 0) --rx_active_;
   RxWork& w = WorkOf(t);
   if (!shut_down_ && !w.is_response && w.has_recv && state_ != IBV_QPS_ERR) {
-    if (w.xrc_srq)
-      w.xrc_srq->PushFront(w.recv);
-    else if (srq_)
+    if (w.xrc_srqn) {
+      std::lock_guard<std::mutex> xg(hca_.xrc().mu());
+      if (Srq* xs = hca_.xrc().FindSrqLocked(w.xrc_srqn, xrcd_.get())) xs->PushFront(w.recv);
+    } else if (srq_)
       srq_->PushFront(w.recv);
     else
       rq_->PushFront(w.recv);

@@ -164,6 +164,8 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void RxRequestEnd(link::Channel& ch, RxWork& w);
   void RxUdHeader(const Packet& p, link::RxTarget& t);
   bool TakeRecvLocked(Srq* xrc_srq, RecvWqe* out);
+  // Completes `wc` on the receive CQ, or on the CQ of XRC SRQ `xrc_srqn` unless it is gone.
+  void PushRecvCompletionLocked(uint32_t xrc_srqn, const ibv_wc& wc, bool solicited);
   void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
   void FlushAckLocked();
   void ReleaseHeldCompletionsLocked();
@@ -246,7 +248,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   struct PendingCqe {
     ibv_wc wc;
     bool solicited;
-    Cq* cq;
+    uint32_t xrc_srqn;  // non-zero: complete on this XRC SRQ's CQ, if it still exists
   };
   std::vector<PendingCqe> pending_cqes_;
   std::shared_ptr<link::Channel> ack_channel_;

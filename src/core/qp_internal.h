@@ -27,7 +27,10 @@ struct Qp::RxWork {
   uint8_t sl;
   uint64_t wr_id;
   uint64_t wqe_index;
-  Srq* xrc_srq;  // XRC_RECV: the SRQ the XRCETH named (its PD checks keys, its CQ completes)
+  // XRC_RECV: the SRQ the XRCETH named (its PD checks keys, its CQ completes). Valid during the
+  // header only; later steps look the number up again, since the SRQ may go meanwhile.
+  Srq* xrc_srq;
+  uint32_t xrc_srqn;
   RecvWqe recv;  // the receive WQE this message took, to give back if it never completes
   static constexpr uint8_t kNoNak = 0xff;
 };

@@ -53,8 +53,15 @@ void Qp::FlushAckLocked() {
 }
 
 void Qp::ReleaseHeldCompletionsLocked() {
-  for (const PendingCqe& c : pending_cqes_) PushCompletionLocked(c.cq, c.wc, c.solicited);
+  for (const PendingCqe& c : pending_cqes_) PushRecvCompletionLocked(c.xrc_srqn, c.wc, c.solicited);
   pending_cqes_.clear();
+}
+
+void Qp::PushRecvCompletionLocked(uint32_t xrc_srqn, const ibv_wc& wc, bool solicited) {
+  if (xrc_srqn == 0) return PushCompletionLocked(recv_cq_, wc, solicited);
+  std::lock_guard<std::mutex> g(hca_.xrc().mu());
+  Srq* srq = hca_.xrc().FindSrqLocked(xrc_srqn, xrcd_.get());
+  if (srq) PushCompletionLocked(srq->cq(), wc, solicited);  // gone: nobody to tell
 }
 
 // Responses follow the QP's own path when it reaches the node the request came from, so they
@@ -128,6 +135,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     xrc_lock = std::unique_lock<std::mutex>(hca_.xrc().mu());
     uint32_t srqn = p.ext<wire::XrcEth>(info.xrceth)->value();
     w.xrc_srq = hca_.xrc().FindSrqLocked(srqn, xrcd_.get());
+    w.xrc_srqn = srqn;
     if (!w.xrc_srq) {
       SOFTRDMA_LOG("qp %#x: no XRC SRQ %#x in its domain", qpn_, srqn);
       return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
@@ -397,11 +405,10 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     wc.wc_flags = w.wc_flags;
     wc.slid = type_ == IBV_QPT_UD ? w.slid : av_.attr.dlid;
     wc.sl = type_ == IBV_QPT_UD ? w.sl : av_.attr.sl;
-    Cq* cq = w.xrc_srq ? w.xrc_srq->cq() : recv_cq_;
     if (Reliable() && wc.status == IBV_WC_SUCCESS && state_ != IBV_QPS_ERR)
-      pending_cqes_.push_back(PendingCqe{wc, w.solicited, cq});
+      pending_cqes_.push_back(PendingCqe{wc, w.solicited, w.xrc_srqn});
     else
-      PushCompletionLocked(cq, wc, w.solicited);
+      PushRecvCompletionLocked(w.xrc_srqn, wc, w.solicited);
   }
   if (state_ == IBV_QPS_ERR) return;
   if (w.nak != RxWork::kNoNak) {
