@@ -1,7 +1,7 @@
 // XRC domains and the numbers of XRC shared receive queues. A domain groups the receive side of
 // XRC: the XRC SRQs a sender picks by number and the XRC_RECV QPs its messages enter through.
 // Domains opened through the same file (ibv_open_xrcd with an fd) are one domain, found again by
-// the file's inode while any handle to it is open. State: docs/architecture.md §10.
+// the file's inode while any handle to it is open. See docs/architecture.md §13.
 #pragma once
 
 #include <sys/types.h>
