@@ -18,9 +18,25 @@
 #include <vector>
 
 #include "core/host_identity.h"
+#include "core/limits.h"
 #include "link/link.h"
 
 namespace softrdma::core {
+
+// The first number from index `*next` on that `taken(number)` refuses, with the process's `slot`
+// in the top bits, as QP and XRC SRQ numbers carry it (a number names its process); `*next`
+// moves past it. The caller makes sure a free index exists.
+template <typename Taken>
+uint32_t NextFreeNumber(uint16_t slot, uint32_t* next, Taken taken) {
+  uint32_t idx = *next;
+  uint32_t number = (uint32_t{slot} << kQpIndexBits) | idx;
+  while (taken(number)) {
+    idx = idx % kMaxQp + 1;
+    number = (uint32_t{slot} << kQpIndexBits) | idx;
+  }
+  *next = idx % kMaxQp + 1;
+  return number;
+}
 
 struct GidFields {
   uint32_t ip;  // host order

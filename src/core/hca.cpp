@@ -103,14 +103,8 @@ std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err) 
     *err = ENOMEM;
     return nullptr;
   }
-  uint32_t idx = next_qp_index_;
-  for (;;) {
-    uint32_t qpn = (uint32_t{slots_.slot()} << kQpIndexBits) | idx;
-    if (!qps_.count(qpn)) break;
-    idx = idx % kMaxQp + 1;
-  }
-  next_qp_index_ = idx % kMaxQp + 1;
-  uint32_t qpn = (uint32_t{slots_.slot()} << kQpIndexBits) | idx;
+  uint32_t qpn = NextFreeNumber(slots_.slot(), &next_qp_index_,
+                                [this](uint32_t n) { return qps_.count(n) != 0; });
   auto qp = std::make_shared<Qp>(ctx, qpn, init);
   qps_.emplace(qpn, qp);
   return qp;

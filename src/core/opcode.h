@@ -3,6 +3,8 @@
 // switching on opcodes (the idea of Linux rxe's rxe_opcode[], written anew).
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <array>
 #include <cstdint>
 
@@ -64,6 +66,21 @@ const OpInfo& Opcode(uint8_t opcode);
 // Which transport an opcode belongs to (the top 3 bits).
 inline uint8_t OpTransport(uint8_t opcode) {
   return opcode & 0xe0;
+}
+
+// The transport bits of a QP type's packets (both halves of XRC speak XRC).
+inline uint8_t QpTransport(ibv_qp_type t) {
+  switch (t) {
+    case IBV_QPT_UC:
+      return op::kUc;
+    case IBV_QPT_UD:
+      return op::kUd;
+    case IBV_QPT_XRC_SEND:
+    case IBV_QPT_XRC_RECV:
+      return op::kXrc;
+    default:
+      return op::kRc;
+  }
 }
 
 }  // namespace softrdma::core

@@ -42,20 +42,6 @@ WrMapping MapWr(ibv_wr_opcode op) {
   }
 }
 
-uint8_t TransportBits(ibv_qp_type t) {
-  switch (t) {
-    case IBV_QPT_UC:
-      return op::kUc;
-    case IBV_QPT_UD:
-      return op::kUd;
-    case IBV_QPT_XRC_SEND:
-    case IBV_QPT_XRC_RECV:
-      return op::kXrc;
-    default:
-      return op::kRc;
-  }
-}
-
 // How long the requester waits for a response before it retransmits. The IBTA period is floored
 // and stretched by the bytes in flight: over TCP a large message is acknowledged only once it has
 // been fully received, so the spec's per-packet period would fire spuriously.
@@ -95,7 +81,7 @@ uint8_t* Qp::BuildHeaderLocked(link::OutFrame& f, uint8_t opcode, bool solicited
 
 ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   WrMapping m = MapWr(w.opcode);
-  uint8_t opcode = TransportBits(type_) | m.bth_op;
+  uint8_t opcode = QpTransport(type_) | m.bth_op;
   const OpInfo& info = Opcode(opcode);
   if (!info.valid()) return IBV_WC_LOC_QP_OP_ERR;
 

@@ -17,11 +17,6 @@ bool ResponderActive(ibv_qp_state s) {
   return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
 }
 
-uint8_t TransportOf(ibv_qp_type t) {
-  if (t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV) return op::kXrc;
-  return t == IBV_QPT_UC ? op::kUc : op::kRc;
-}
-
 }  // namespace
 
 bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
@@ -31,7 +26,7 @@ bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
 
 void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
   link::OutFrame f;
-  uint8_t op = TransportOf(type_) | op::kAcknowledge;
+  uint8_t op = QpTransport(type_) | op::kAcknowledge;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(syndrome, msn_);
   ch.Send(std::move(f));
@@ -84,7 +79,7 @@ std::shared_ptr<link::Channel> Qp::ResponseChannelLocked(link::Channel& arrival)
 void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
   FlushAckLocked();  // keep responses in PSN order on the wire
   link::OutFrame f;
-  uint8_t op = TransportOf(type_) | op::kReadResponseOnly;
+  uint8_t op = QpTransport(type_) | op::kReadResponseOnly;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
   if (len) f.AddPayload(src, len);
@@ -95,7 +90,7 @@ void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, u
 void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
   FlushAckLocked();
   link::OutFrame f;
-  uint8_t op = TransportOf(type_) | op::kAtomicAcknowledge;
+  uint8_t op = QpTransport(type_) | op::kAtomicAcknowledge;
   uint8_t* bth = BuildHeaderLocked(f, op, false, attr_.dest_qp_num, psn, nullptr);
   const OpInfo& info = Opcode(op);
   reinterpret_cast<wire::Aeth*>(bth + info.aeth)->Set(wire::aeth::kAck, msn_);
@@ -115,7 +110,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   RxWork& w = WorkOf(t);
   const OpInfo& info = *p.info;
   uint8_t opcode = p.bth->opcode;
-  if (OpTransport(opcode) != TransportOf(type_) || !ResponderActive(state_)) {
+  if (OpTransport(opcode) != QpTransport(type_) || !ResponderActive(state_)) {
     SOFTRDMA_LOG("qp %#x: request dropped (opcode %#x, state %d)", qpn_, opcode, state_);
     return;
   }

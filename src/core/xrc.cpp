@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "core/addressing.h"
 #include "core/limits.h"
 #include "core/recv_queue.h"
 
@@ -44,14 +45,8 @@ std::shared_ptr<Xrcd> XrcRegistry::Open(int fd, int oflags, int* err) {
 uint32_t XrcRegistry::AddSrq(uint16_t slot, Srq* srq) {
   std::lock_guard<std::mutex> g(mu_);
   if (srqs_.size() >= kMaxQp) return 0;
-  uint32_t idx = next_srq_index_;
-  uint32_t srqn = 0;
-  for (;;) {
-    srqn = (uint32_t{slot} << kQpIndexBits) | idx;
-    if (!srqs_.count(srqn)) break;
-    idx = idx % kMaxQp + 1;
-  }
-  next_srq_index_ = idx % kMaxQp + 1;
+  uint32_t srqn =
+      NextFreeNumber(slot, &next_srq_index_, [this](uint32_t n) { return srqs_.count(n) != 0; });
   srqs_.emplace(srqn, srq);
   return srqn;
 }

@@ -48,13 +48,14 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout_ms) {
       if (fds[i].revents) ++ready;
     }
     if (ready) return ready;
-    if (!forever && Clock::now() >= deadline) {
+    const Clock::time_point now = Clock::now();
+    if (!forever && now >= deadline) {
       // rpoll(..., 0) in a loop is how programs spin (rstream -T a): yield as a poll(2) system
       // call would, so a peer sharing the cores gets to make the progress this caller waits for.
       if (timeout_ms == 0) sched_yield();
       return 0;
     }
-    if (Clock::now() < spin_until) continue;
+    if (now < spin_until) continue;
     // Nothing yet: arm every rsocket and sleep on all underlying fds together.
     wait.clear();
     bool news = false;
