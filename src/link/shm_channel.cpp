@@ -36,8 +36,9 @@ constexpr uint32_t kRefMinBytes = 4096;
 // the sender's arena, sent before the first record that refers to it.
 constexpr uint8_t kSetup = 0;
 constexpr uint8_t kArena = 1;
-constexpr uint8_t kDirect = 2;
-constexpr int kDirectWaitMs = 20;  // our window table and our arena, read-write (shared_windows.h)
+constexpr uint8_t kDirect = 2;  // our window table and our arena, read-write (shared_windows.h)
+constexpr int kDirectWaitMs = 20;
+constexpr int kControlMessages = 2;  // after kSetup: kDirect and kArena, once each
 struct ShmSetup {
   char magic[4];
   uint8_t version;
@@ -266,34 +267,41 @@ bool ShmChannel::ReadSetup() {
   return true;
 }
 
-// Later messages: the peer's arena. False when the peer broke the protocol.
+// Later messages: the peer's window table and its arena, each sent once. All that are queued are
+// read: the rings are served before the socket is asked again, so the first record that refers to
+// the arena can come while both wait, and reading only the window table then cost the peer its
+// channel (ibv_rc_pingpong -s 65536: retry exceeded in 1 of 6 runs). False when the peer broke
+// the protocol.
 bool ShmChannel::ReadControl() {
-  ShmSetup s{};
-  int fds[3] = {-1, -1, -1};
-  int nfds = 0;
-  ssize_t r = ReceiveWithFds(sock_, &s, fds, &nfds);
-  if (r == -1 && (errno == EAGAIN || errno == EINTR)) return true;
-  if (r == 0 || r == -1) {
-    peer_gone_ = true;
-    return true;
-  }
-  if (r > 0 && s.kind == kDirect && nfds == 2 && !peer_windows_.load()) {
-    PeerWindows* w = PeerWindows::Map(fds[0], fds[1]);  // takes the descriptors when it succeeds
-    if (!w) {
-      close(fds[0]);
-      close(fds[1]);
+  for (int n = 0; n < kControlMessages; ++n) {
+    ShmSetup s{};
+    int fds[3] = {-1, -1, -1};
+    int nfds = 0;
+    ssize_t r = ReceiveWithFds(sock_, &s, fds, &nfds);
+    if (r == -1 && errno == EINTR) continue;
+    if (r == -1 && errno == EAGAIN) return true;
+    if (r == 0 || r == -1) {
+      peer_gone_ = true;
+      return true;
     }
-    peer_windows_.store(w, std::memory_order_release);
-    return true;  // without it, one-sided operations take the long way
-  }
-  bool ok = r > 0 && s.kind == kArena && nfds == 1 && peer_arena_fd_ < 0;
-  if (ok) {
+    if (r > 0 && s.kind == kDirect && nfds == 2 && !peer_windows_.load()) {
+      PeerWindows* w = PeerWindows::Map(fds[0], fds[1]);  // takes the descriptors when it succeeds
+      if (!w) {
+        close(fds[0]);
+        close(fds[1]);
+      }
+      peer_windows_.store(w, std::memory_order_release);
+      continue;  // without it, one-sided operations take the long way
+    }
+    bool ok = r > 0 && s.kind == kArena && nfds == 1 && peer_arena_fd_ < 0;
+    if (!ok) {
+      for (int i = 0; i < nfds; ++i) close(fds[i]);
+      return false;
+    }
     peer_arena_fd_ = fds[0];
-    ok = MapPeerArena(0);
-  } else {
-    for (int i = 0; i < nfds; ++i) close(fds[i]);
+    if (!MapPeerArena(0)) return false;
   }
-  return ok;
+  return true;  // a peer that keeps sending is refused when a record needs what it did not send
 }
 
 // Maps the peer's arena, again if it grew; false when it does not reach `need` bytes or is not

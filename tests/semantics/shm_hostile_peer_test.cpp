@@ -6,10 +6,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -83,11 +86,11 @@ class FakeShmPeer {
   uint8_t* ring(int i) { return map_ + kControlBytes + size_t(i) * kShmRingBytes; }
 
   // Appends raw bytes as the next record(s) of our ring and rings the doorbell.
-  void Put(const void* rec, size_t n) {
+  void Put(const void* rec, size_t n, bool ring_bell = true) {
     std::memcpy(ring(0) + tail_, rec, n);
     tail_ += n;
     control(0)->tail.store(tail_, std::memory_order_release);
-    Ring();
+    if (ring_bell) Ring();
   }
   void PutRecord(ShmRecordHeader h, size_t total = 0) {
     std::vector<uint8_t> b(total ? total : ShmAlign(h.bytes ? h.bytes : 64, 64), 0);
@@ -130,6 +133,24 @@ class FakeShmPeer {
       ssize_t r = recv(sock_, b, sizeof b, MSG_DONTWAIT);
       if (r == 0 || (r < 0 && errno == ECONNRESET)) return true;
     }
+  }
+
+  // A later message on the socket (kind 1: our arena; kind 2: our window table and arena).
+  bool SendControl(uint8_t kind, const int* fds, int nfds) {
+    SetupMsg s{{'S', 'R', 'S', 'M'}, 1, {kind, 0, 0}, 0, 0};
+    char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+    iovec iov{&s, sizeof s};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * static_cast<size_t>(nfds));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * static_cast<size_t>(nfds));
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * static_cast<size_t>(nfds));
+    return sendmsg(sock_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
   }
 
   int sock() const { return sock_; }
@@ -270,6 +291,130 @@ TEST_F(ShmHostilePeer, MalformedRecordsCostThePeerItsChannel) {
     EXPECT_TRUE(p.WaitClosed()) << "the channel stayed open after " << c.what;
   }
   ExpectServing();
+}
+
+// A memfd sealed against shrinking, `bytes` long, each byte its offset's low bits plus `salt`.
+int SealedPattern(size_t bytes, uint8_t salt) {
+  int fd = memfd_create("fake-peer-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return -1;
+  std::vector<uint8_t> b(bytes);
+  for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<uint8_t>(i * 7 + salt);
+  if (pwrite(fd, b.data(), bytes, 0) != static_cast<ssize_t>(bytes) ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+    return -1;
+  return fd;
+}
+
+// The process under test, in a child: a UD QP with one receive posted, polled without pause.
+// Reports its channel port and QPN, then whether the datagram arrived intact ('K').
+int PolledUdReceiver(semantics::ChildPipe p, uint32_t qkey, uint32_t payload,
+                     uint64_t pattern_offset, uint8_t salt) {
+  ibv_context* ctx = semantics::OpenFirstDevice();
+  if (!ctx) return 10;
+  ibv_gid gid;
+  if (ibv_query_gid(ctx, 1, 0, &gid) != 0) return 11;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 4, nullptr, nullptr, 0);
+  if (!pd || !cq) return 12;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap = {1, 1, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  if (!qp) return 13;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = qkey;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+    return 14;
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return 15;
+  std::vector<uint8_t> buf(40 + payload, 0);
+  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) return 16;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), static_cast<uint32_t>(buf.size()), mr->lkey};
+  ibv_recv_wr rwr{}, *bad = nullptr;
+  rwr.sg_list = &sge;
+  rwr.num_sge = 1;
+  if (ibv_post_recv(qp, &rwr, &bad)) return 17;
+  uint16_t port = static_cast<uint16_t>(gid.raw[12] << 8 | gid.raw[13]);
+  if (!p.Send(port) || !p.Send(qp->qp_num)) return 18;
+  ibv_wc wc{};
+  int got = 0;
+  auto deadline = Clock::now() + std::chrono::milliseconds(kIoTimeoutMs);
+  while (got == 0 && Clock::now() < deadline) got = ibv_poll_cq(cq, 1, &wc);
+  char verdict = 'K';
+  if (got != 1) {
+    verdict = 'T';  // nothing arrived: the channel was dropped
+  } else if (wc.status != IBV_WC_SUCCESS || wc.byte_len != 40 + payload) {
+    verdict = 'S';
+  } else {
+    for (uint32_t i = 0; i < payload; ++i)
+      if (buf[40 + i] != static_cast<uint8_t>((pattern_offset + i) * 7 + salt)) verdict = 'D';
+  }
+  return p.Send(verdict) ? 0 : 19;
+}
+
+// A well-behaved peer sends its setup, its window table and its arena on the socket, and soon
+// after its first payload by reference. Everything can be queued before the process gets to run:
+// the setup is read, and the rings are served before the socket is asked again, so the record is
+// met while both other messages still wait. Reading only the first of them (the window table) made
+// the arena look missing and cost the peer its channel (ibv_rc_pingpong -s 65536 over shared
+// memory: retry exceeded in about 1 run in 6). Stopping the process while the peer writes makes
+// that order certain.
+TEST(ShmPeerSetup, AFirstRecordByReferenceFindsTheArenaQueuedBehindTheWindowTable) {
+  constexpr uint32_t kQkey = 0x11111111, kPayload = 4096, kArenaOffset = 4096;
+  constexpr uint8_t kSalt = 3;
+  semantics::ForkedPeer child;
+  ASSERT_TRUE(child.Start([&](int up, int down) {
+    return PolledUdReceiver(semantics::ChildPipe{up, down}, kQkey, kPayload, kArenaOffset, kSalt);
+  }));
+  uint16_t port = 0;
+  uint32_t qpn = 0;
+  ASSERT_TRUE(child.Recv(&port) && child.Recv(&qpn));
+  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  int st = 0;
+  ASSERT_EQ(waitpid(child.pid(), &st, WUNTRACED), child.pid());
+  ASSERT_TRUE(WIFSTOPPED(st));
+
+  FakeShmPeer p;
+  bool queued = p.Open(port);
+  p.Hello();
+  // LRH (a GRH follows) + GRH + BTH (UD SEND only) + DETH, then one reference into the arena.
+  std::vector<uint8_t> hdr(8 + 40 + 12 + 8, 0);
+  hdr[1] = 3;
+  hdr[48] = 0x64;
+  hdr[49] = 0x40;
+  hdr[50] = hdr[51] = 0xff;
+  for (int i = 0; i < 3; ++i) hdr[53 + i] = static_cast<uint8_t>(qpn >> (16 - 8 * i));
+  for (int i = 0; i < 4; ++i) hdr[60 + i] = static_cast<uint8_t>(kQkey >> (24 - 8 * i));
+  hdr[67] = 0x42;  // source QP
+  const auto hdr_len = static_cast<uint32_t>(hdr.size());
+  const uint32_t fixed = sizeof(ShmRecordHeader) + ShmAlign(hdr_len, 8);
+  const uint32_t bytes = ShmAlign(fixed + sizeof(ShmPayloadRef), kShmRecordAlign);
+  std::vector<uint8_t> rec(bytes, 0);
+  ShmRecordHeader h{bytes, shm_record::kFrame, static_cast<uint8_t>(hdr_len), 1, 0, kPayload, 0};
+  ShmPayloadRef ref{kShmArenaSegment, 0, kArenaOffset, kPayload};
+  std::memcpy(rec.data(), &h, sizeof h);
+  std::memcpy(rec.data() + sizeof h, hdr.data(), hdr_len);
+  std::memcpy(rec.data() + fixed, &ref, sizeof ref);
+  p.Put(rec.data(), rec.size());
+  int table = SealedPattern(64, 0), table_arena = SealedPattern(64, 0);
+  int arena = SealedPattern(2 * kArenaOffset, kSalt);
+  int direct[2] = {table, table_arena};  // not a real table: refused, one-sided ops go the long way
+  queued = queued && table >= 0 && table_arena >= 0 && arena >= 0 && p.SendControl(2, direct, 2) &&
+           p.SendControl(1, &arena, 1);
+  for (int fd : {table, table_arena, arena})
+    if (fd >= 0) close(fd);
+  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  ASSERT_TRUE(queued);
+
+  char verdict = '?';
+  ASSERT_TRUE(child.Recv(&verdict, std::chrono::milliseconds(2 * kIoTimeoutMs)));
+  EXPECT_EQ(verdict, 'K') << "T: the datagram never arrived (the channel was dropped); S: bad "
+                             "completion; D: wrong bytes";
+  EXPECT_EQ(child.Wait(), 0);
 }
 
 }  // namespace
