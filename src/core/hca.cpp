@@ -10,6 +10,7 @@
 #include "core/context.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/xrc_relay.h"
 #include "core/qp_internal.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
@@ -240,21 +241,40 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
     ++malformed_;
     return;
   }
+  if (p.info->mask & kIsRelay) {
+    if (ch.is_loopback()) return;  // relays go between processes; ours stay in-process
+    if (p.bth->opcode == op::kXrcRelaySend) return ReceiveXrcRelay(*this, ch, p, t);
+    if (std::shared_ptr<Qp> qp = FindQp(p.bth->qpn()))
+      qp->OnRelayAnswer(p.bth->psn(), p.ext<wire::Aeth>(p.info->aeth)->syndrome);
+    return;
+  }
   std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
   if (!qp) {  // like a real HCA: frames for unknown QPs vanish
     SOFTRDMA_LOG("frame for unknown qp %#x dropped", p.bth->qpn());
     return;
   }
-  t.hold = qp;
+  t.hold = std::static_pointer_cast<FrameReceiver>(qp);
   qp->RxHeader(ch, p, t);
 }
 
+// `hold` is always set as a FrameReceiver, so the cast back is exact.
 void Hca::OnFrameEnd(link::Channel& ch, link::RxTarget& t) {
-  if (t.hold) static_cast<Qp*>(t.hold.get())->RxEnd(ch, t);
+  if (t.hold) static_cast<FrameReceiver*>(t.hold.get())->RxEnd(ch, t);
 }
 
 void Hca::OnFrameAbort(link::Channel&, link::RxTarget& t) {
-  if (t.hold) static_cast<Qp*>(t.hold.get())->RxAbort(t);
+  if (t.hold) static_cast<FrameReceiver*>(t.hold.get())->RxAbort(t);
+}
+
+std::shared_ptr<link::Channel> Hca::ChannelToSlot(uint16_t slot) {
+  std::lock_guard<std::mutex> g(relay_channels_mu_);
+  std::shared_ptr<link::Channel>& ch = relay_channels_[slot];
+  if (!ch || ch->closed()) {
+    ibv_ah_attr a{};
+    a.dlid = slot;
+    ch = Resolve(a, uint32_t{slot} << kQpIndexBits);
+  }
+  return ch;
 }
 
 void Hca::OnChannelClosed(link::Channel& ch) {

@@ -48,6 +48,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::shared_ptr<link::Channel> Resolve(const ibv_ah_attr& attr, uint32_t qpn,
                                          bool datagram = false);
 
+  // The channel to the process holding `slot` (reused; made again once closed), or nullptr.
+  std::shared_ptr<link::Channel> ChannelToSlot(uint16_t slot);
+
   McastRegistry& mcast() { return mcast_; }
   // One channel and member QPN per QP attached to `mgid` anywhere on the host.
   std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> McastTargets(
@@ -103,6 +106,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   McastRegistry mcast_;
   std::mutex mcast_channels_mu_;
   std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> mcast_channels_;  // by slot
+  std::mutex relay_channels_mu_;
+  std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> relay_channels_;  // by slot
   std::atomic<uint32_t> pd_handles_{0};
 
   std::shared_mutex qp_mu_;

@@ -16,7 +16,7 @@ using wire::XrcEth;
 // Lays the extension headers out in IBTA order: XRCETH, DETH, RETH, AtomicETH, AETH,
 // AtomicAckETH, ImmDt, IETH.
 constexpr OpInfo Make(const char* name, uint32_t mask) {
-  OpInfo o{name, mask | kValid, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  OpInfo o{name, mask | kValid, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   uint8_t at = sizeof(Bth);
   auto place = [&at, mask](uint32_t bit, uint8_t size, uint8_t& field) {
     if (mask & bit) {
@@ -25,6 +25,7 @@ constexpr OpInfo Make(const char* name, uint32_t mask) {
     }
   };
   place(kHasXrcEth, sizeof(XrcEth), o.xrceth);
+  place(kHasRelayEth, sizeof(wire::XrcRelayEth), o.relay);
   place(kHasDeth, sizeof(Deth), o.deth);
   place(kHasReth, sizeof(Reth), o.reth);
   place(kHasAtomicEth, sizeof(AtomicEth), o.atomic_eth);
@@ -91,6 +92,9 @@ constexpr std::array<OpInfo, 256> BuildTable() {
   t[op::kUd | op::kSendOnly] = Make("UD_SEND_ONLY", kSendReq | kIsOnly | kHasDeth | kCompletesRecv);
   t[op::kUd | op::kSendOnlyImm] =
       Make("UD_SEND_ONLY_WITH_IMMEDIATE", kSendReq | kIsOnly | kHasDeth | kHasImm | kCompletesRecv);
+  t[op::kXrcRelaySend] =
+      Make("XRC_RELAY_SEND", kIsRelay | kIsOnly | kHasXrcEth | kHasRelayEth | kHasPayload);
+  t[op::kXrcRelayAnswer] = Make("XRC_RELAY_ANSWER", kIsRelay | kIsOnly | kHasAeth);
   return t;
 }
 
@@ -106,6 +110,8 @@ static_assert(kTable[op::kUd | op::kSendOnlyImm].deth == 12 &&
 static_assert(kTable[op::kXrc | op::kWriteOnly].xrceth == 12 &&
               kTable[op::kXrc | op::kWriteOnly].reth == 16);
 static_assert(!kTable[op::kUc | op::kReadRequest].valid());
+static_assert(kTable[op::kXrcRelaySend].relay == 16 && kTable[op::kXrcRelaySend].length == 48);
+static_assert(kTable[op::kXrcRelayAnswer].length == 16);
 static_assert(!kTable[0xff].valid());
 
 }  // namespace

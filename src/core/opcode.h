@@ -22,6 +22,9 @@ constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSend
                   kReadResponseLast = 0x0f, kReadResponseOnly = 0x10, kAcknowledge = 0x11,
                   kAtomicAcknowledge = 0x12, kCompareSwap = 0x13, kFetchAdd = 0x14,
                   kSendLastInv = 0x16, kSendOnlyInv = 0x17;
+// softrdma's own, between processes of one host (IBTA leaves 0xc0-0xff to manufacturers): an XRC
+// SEND relayed from its target QP's process to its SRQ's owner, and the owner's answer.
+constexpr uint8_t kXrcRelaySend = 0xc0, kXrcRelayAnswer = 0xc1;
 }  // namespace op
 
 // Header presence and meaning bits of one opcode.
@@ -47,6 +50,8 @@ enum OpMask : uint32_t {
   kIsOnly = kIsFirst | kIsLast,
   kConsumesRecv = 1u << 18,   // takes a receive WQE
   kCompletesRecv = 1u << 19,  // the packet that generates the receive completion
+  kHasRelayEth = 1u << 20,
+  kIsRelay = 1u << 21,  // between processes of one host, never to a QP's responder or completer
   kValid = 1u << 31,
 };
 
@@ -55,7 +60,7 @@ struct OpInfo {
   uint32_t mask;
   uint8_t length;  // BTH plus every extension header
   // Offsets from the start of the BTH; 0 when absent.
-  uint8_t reth, aeth, atomic_eth, atomic_ack, imm, ieth, deth, xrceth;
+  uint8_t reth, aeth, atomic_eth, atomic_ack, imm, ieth, deth, xrceth, relay;
 
   constexpr bool valid() const { return mask & kValid; }
   constexpr bool has(uint32_t m) const { return (mask & m) == m; }

@@ -252,6 +252,7 @@ void Qp::ResetLocked() {
   rq_psn_ = sq_psn_ = msn_ = 0;
   rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
   ack_channel_.reset();
+  relay_ = Relay{};
   av_ = AddressVector{};
   ibv_qp_attr fresh{};
   fresh.port_num = kPortNum;
@@ -559,6 +560,7 @@ void Qp::RxAbort(link::RxTarget& t) {
   std::lock_guard<std::mutex> g(mu_);
   if (rx_active_ > 0) --rx_active_;
   RxWork& w = WorkOf(t);
+  if (w.kind == RxWork::kRelay && relay_.active && relay_.psn == w.psn) relay_ = Relay{};
   if (!shut_down_ && !w.is_response && w.has_recv && state_ != IBV_QPS_ERR) {
     if (w.xrc_srqn) {
       std::lock_guard<std::mutex> xg(hca_.xrc().mu());
@@ -579,6 +581,12 @@ void Qp::RxAbort(link::RxTarget& t) {
 void Qp::OnChannelClosed(link::Channel& ch) {
   std::lock_guard<std::mutex> g(mu_);
   if (ack_channel_.get() == &ch) ack_channel_.reset();
+  if (relay_.active && (relay_.owner.get() == &ch || relay_.reply.get() == &ch)) {
+    // No answer will come: the message counts as never received, and the initiator's
+    // retransmission relays it again (or learns that the SRQ's process is gone).
+    if (rq_psn_ == ((relay_.psn + 1) & wire::kPsnMask)) rq_psn_ = relay_.psn;
+    relay_ = Relay{};
+  }
   if (av_.channel.get() != &ch) return;
   av_.channel.reset();
   // A destroyed QP completes nothing more: the HCA's snapshot of QPs that calls us can outlive

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/frame_receiver.h"
 #include "core/limits.h"
 #include "core/opcode.h"
 #include "core/recv_queue.h"
@@ -82,7 +83,7 @@ struct SendWqe {
   ibv_wc_status status;
 };
 
-class Qp : public std::enable_shared_from_this<Qp> {
+class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
  public:
   struct Init {
     ibv_qp_type type;
@@ -118,8 +119,10 @@ class Qp : public std::enable_shared_from_this<Qp> {
 
   // Inbound frames (progress thread). RxHeader fills `t` with where the payload goes.
   void RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
-  void RxEnd(link::Channel& ch, link::RxTarget& t);
-  void RxAbort(link::RxTarget& t);
+  void RxEnd(link::Channel& ch, link::RxTarget& t) override;
+  void RxAbort(link::RxTarget& t) override;
+  // XRC_RECV: the SRQ's owner answered the message this target relayed to it (AETH syndrome).
+  void OnRelayAnswer(uint32_t psn, uint8_t syndrome);
   void OnChannelClosed(link::Channel& ch);
   void FlushAck();
   // Runs expired timers; returns the next deadline or INT64_MAX.
@@ -173,6 +176,9 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
   void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
+  // XRC_RECV: a SEND for an SRQ of another process of the domain goes there (xrc_relay.cpp).
+  bool RelayableLocked(uint32_t srqn, const Packet& p) const;
+  void StartRelayLocked(const RxWork& w);
 
   // RC semantics (PSNs, ACKs, retransmission): RC and both halves of XRC.
   bool Reliable() const {
@@ -260,6 +266,20 @@ class Qp : public std::enable_shared_from_this<Qp> {
   // As deep as max_dest_rd_atomic can be, so any retransmitted atomic still finds its result.
   AtomicReplay atomic_replay_[kMaxRdAtomic] = {};
   unsigned atomic_replay_next_ = 0;
+
+  // XRC_RECV: the message relayed to its SRQ's owner and not answered yet. One at a time: later
+  // requests are dropped meanwhile, and the answer's acknowledgement asks for them again (a PSN
+  // sequence NAK after it), so ACKs stay in PSN order without holding later messages here.
+  struct Relay {
+    bool active = false;
+    bool dropped = false;  // later requests came meanwhile
+    uint32_t psn = 0;
+    std::shared_ptr<link::Channel> owner;  // the SRQ owner's process
+    std::shared_ptr<link::Channel> reply;  // the initiator's
+    std::vector<uint8_t> payload;
+    uint8_t header[sizeof(wire::XrcEth) + sizeof(wire::XrcRelayEth)] = {};
+  };
+  Relay relay_;
 };
 
 }  // namespace softrdma::core

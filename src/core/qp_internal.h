@@ -10,7 +10,7 @@
 namespace softrdma::core {
 
 struct Qp::RxWork {
-  enum Kind : uint8_t { kDrop, kRecv, kWrite, kReadResponse, kAtomicResponse };
+  enum Kind : uint8_t { kDrop, kRecv, kWrite, kReadResponse, kAtomicResponse, kRelay };
   Kind kind;
   bool solicited;
   bool has_recv;

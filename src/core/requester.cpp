@@ -262,6 +262,8 @@ int64_t Qp::RetransmitTimerLocked(int64_t now) {
     return INT64_MAX;
   }
   --retry_left_;
+  SOFTRDMA_LOG("qp %#x: no answer in time, sending again from psn %#x", qpn_,
+               sq_[head_ % sq_.size()].psn);
   // Go back to the oldest unacknowledged WQE and send everything again with the same PSNs.
   next_ = head_;
   sq_psn_ = sq_[head_ % sq_.size()].psn;

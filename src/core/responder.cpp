@@ -121,21 +121,28 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   }
   uint32_t psn = p.bth->psn();
   w.psn = psn;
+  if (relay_.active && wire::PsnDiff(psn, relay_.psn) >= 0) {
+    relay_.dropped = relay_.dropped || psn != relay_.psn;
+    SOFTRDMA_LOG("qp %#x: psn %#x waits for the relayed message %#x", qpn_, psn, relay_.psn);
+    return;
+  }
   // An XRC target executes a request on behalf of the SRQ its XRCETH names, which must be of the
   // target's domain: that SRQ's PD checks every key, and its CQ gets the receive completion. The
   // registry's lock keeps the SRQ from being destroyed under us.
   std::unique_lock<std::mutex> xrc_lock;
   const Pd* key_pd = pd_;
+  bool relay = false;  // a SEND for an SRQ of another process of the domain
   if (type_ == IBV_QPT_XRC_RECV) {
     xrc_lock = std::unique_lock<std::mutex>(hca_.xrc().mu());
     uint32_t srqn = p.ext<wire::XrcEth>(info.xrceth)->value();
     w.xrc_srq = hca_.xrc().FindSrqLocked(srqn, xrcd_.get());
     w.xrc_srqn = srqn;
-    if (!w.xrc_srq) {
+    relay = !w.xrc_srq && RelayableLocked(srqn, p);
+    if (!w.xrc_srq && !relay) {
       SOFTRDMA_LOG("qp %#x: no XRC SRQ %#x in its domain", qpn_, srqn);
       return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     }
-    key_pd = w.xrc_srq->pd();
+    if (w.xrc_srq) key_pd = w.xrc_srq->pd();
   }
   w.solicited = p.bth->solicited();
   // softrdma sends every message as one frame; split messages are not part of its protocol.
@@ -163,7 +170,9 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
         return;
       }
       if (!(info.mask & kIsRead)) {
-        SendAckLocked(ch, wire::aeth::kAck, (rq_psn_ - 1) & wire::kPsnMask);
+        // Never past a relayed message still waiting for its owner's answer.
+        uint32_t done = relay_.active ? relay_.psn : rq_psn_;
+        SendAckLocked(ch, wire::aeth::kAck, (done - 1) & wire::kPsnMask);
         return;
       }
     }
@@ -173,6 +182,34 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     rq_psn_ = psn;  // UC: no retransmission, accept what arrives
   }
   bool duplicate_read = Reliable() && wire::PsnDiff(psn, rq_psn_) < 0;
+
+  if (relay) {
+    // Held here until it has gone to the SRQ's owner and been answered (xrc_relay.cpp).
+    relay_.active = true;
+    relay_.psn = psn;
+    relay_.reply = ResponseChannelLocked(ch);
+    relay_.payload.assign(p.payload_len, 0);
+    if (p.payload_len > 0) t.Add(relay_.payload.data(), p.payload_len);
+    std::memcpy(relay_.header, p.ext<uint8_t>(info.xrceth), sizeof(wire::XrcEth));
+    auto* r = reinterpret_cast<wire::XrcRelayEth*>(relay_.header + sizeof(wire::XrcEth));
+    wire::Store64(r->dev, xrcd_->dev);
+    wire::Store64(r->ino, xrcd_->ino);
+    wire::Store32(r->tgt_qpn, qpn_);
+    wire::Store32(r->src_qpn, attr_.dest_qp_num);
+    r->flags = w.solicited ? wire::XrcRelayEth::kSolicited : 0;
+    if (info.has(kHasImm)) {
+      std::memcpy(r->imm, p.ext<uint8_t>(info.imm), 4);
+      r->flags |= wire::XrcRelayEth::kImm;
+    } else if (info.has(kHasIeth)) {
+      wire::Store32(r->imm, p.ext<wire::Ieth>(info.ieth)->key());
+      r->flags |= wire::XrcRelayEth::kInv;
+    }
+    r->sl = av_.attr.sl;
+    wire::Store16(r->slid, av_.attr.dlid);
+    w.kind = RxWork::kRelay;
+    rq_psn_ = (psn + 1) & wire::kPsnMask;
+    return;
+  }
 
   // Checks that can refuse a request come before it takes a receive WQE.
   if (info.mask & kIsWrite) {
@@ -381,6 +418,10 @@ void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
 
 void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   if (w.kind == RxWork::kDrop) return;
+  if (w.kind == RxWork::kRelay) {
+    if (relay_.active && relay_.psn == w.psn && state_ != IBV_QPS_ERR) StartRelayLocked(w);
+    return;
+  }
   // A failed message completes after every earlier one: release held completions and the ACK
   // owed for older PSNs before its error completion and NAK.
   if (w.nak != RxWork::kNoNak && state_ != IBV_QPS_ERR) FlushAckLocked();

@@ -159,6 +159,26 @@ struct XrcEth {
   }
 };
 
+// softrdma's own header (the opcodes IBTA leaves to manufacturers): a SEND that entered an XRC
+// target QP in one process, relayed to the process that owns the XRC SRQ it names, with what the
+// owner needs to check the domain and to complete (docs/wire-protocol.md, "XRC relay").
+struct XrcRelayEth {
+  uint8_t dev[8];  // the domain's file: device and inode, as fstat(2) gives them
+  uint8_t ino[8];
+  uint8_t tgt_qpn[4];  // the target QP (the completion's qp_num)
+  uint8_t src_qpn[4];  // the initiator (the completion's src_qp)
+  uint8_t imm[4];      // immediate data (network order, as it travelled) or invalidated rkey
+  uint8_t flags;
+  uint8_t sl;
+  uint8_t slid[2];
+  static constexpr uint8_t kImm = 1, kInv = 2, kSolicited = 4;
+  uint64_t dev_value() const { return Load64(dev); }
+  uint64_t ino_value() const { return Load64(ino); }
+  uint32_t tgt_qpn_value() const { return Load32(tgt_qpn); }
+  uint32_t src_qpn_value() const { return Load32(src_qpn); }
+  uint16_t slid_value() const { return Load16(slid); }
+};
+
 // Global Route Header (IBTA 8.3), identical to the 40 bytes a UD receive buffer starts with.
 struct Grh {
   uint8_t ver_tclass_flow[4];  // IPVer:4 TClass:8 FlowLabel:20
@@ -211,6 +231,8 @@ static_assert(sizeof(AtomicEth) == 28 && offsetof(AtomicEth, swap_add) == 12 &&
 static_assert(sizeof(AtomicAckEth) == 8);
 static_assert(sizeof(ImmDt) == 4 && sizeof(Ieth) == 4 && sizeof(XrcEth) == 4);
 static_assert(sizeof(Deth) == 8 && offsetof(Deth, src_qp) == 4);
+static_assert(sizeof(XrcRelayEth) == 32 && offsetof(XrcRelayEth, tgt_qpn) == 16 &&
+              offsetof(XrcRelayEth, imm) == 24 && offsetof(XrcRelayEth, slid) == 30);
 static_assert(sizeof(Grh) == 40 && offsetof(Grh, sgid) == 8 && offsetof(Grh, dgid) == 24);
 static_assert(sizeof(Lrh) == 8 && offsetof(Lrh, slid) == 6);
 

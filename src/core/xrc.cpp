@@ -37,7 +37,7 @@ std::shared_ptr<Xrcd> XrcRegistry::Open(int fd, int oflags, int* err) {
     *err = EINVAL;
     return nullptr;
   }
-  auto made = std::make_shared<Xrcd>(Xrcd{next_id_++});
+  auto made = std::make_shared<Xrcd>(Xrcd{next_id_++, st.st_dev, st.st_ino});
   by_inode_[key] = made;
   return made;
 }
@@ -60,6 +60,13 @@ Srq* XrcRegistry::FindSrqLocked(uint32_t srqn, const Xrcd* xrcd) {
   auto it = srqs_.find(srqn);
   if (it == srqs_.end() || it->second->xrcd() != xrcd) return nullptr;
   return it->second;
+}
+
+Srq* XrcRegistry::FindSrqLocked(uint32_t srqn, uint64_t dev, uint64_t ino) {
+  auto it = srqs_.find(srqn);
+  if (it == srqs_.end()) return nullptr;
+  const Xrcd* x = it->second->xrcd();
+  return x && x->shared() && x->dev == dev && x->ino == ino ? it->second : nullptr;
 }
 
 }  // namespace softrdma::core

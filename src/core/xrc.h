@@ -19,6 +19,10 @@ class Srq;
 
 struct Xrcd {
   uint32_t id;
+  // The file it was opened through (0, 0: a private domain). Processes that opened the same file
+  // are in one domain: a relayed message names it by these.
+  uint64_t dev = 0, ino = 0;
+  bool shared() const { return dev != 0 || ino != 0; }
 };
 
 class XrcRegistry {
@@ -35,6 +39,8 @@ class XrcRegistry {
   // The XRC SRQ numbered `srqn` if it belongs to `xrcd`, else nullptr. The caller holds `mu()`
   // for as long as it uses the SRQ: an SRQ leaves the table before it is destroyed.
   Srq* FindSrqLocked(uint32_t srqn, const Xrcd* xrcd);
+  // The same for a message another process relays, naming the domain by its file.
+  Srq* FindSrqLocked(uint32_t srqn, uint64_t dev, uint64_t ino);
   std::mutex& mu() { return mu_; }
 
  private:

@@ -24,6 +24,7 @@ set -u
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+IT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 srdma_parse_suite_args "$@"
 
@@ -137,25 +138,40 @@ pingpong_cases() {
 	done
 	pingpong_case ibv_rc_pingpong -N
 	udp_link_case
-	xsrq_case -n 100
-	xsrq_case -n 100 -e
+	xsrq_case 1 -n 100
+	xsrq_case 1 -n 100 -e
+	xsrq_case 4 -n 100
+	xsrq_case 4 -n 100 -e
 }
 
-# ibv_xsrq_pingpong (XRC): both sides print "success". One client per server: with several, the
-# server sends each client's messages through the other clients' receive QPs, which needs an XRC
-# domain shared by processes (issue 5, not yet).
+# ibv_xsrq_pingpong (XRC): the server and every client print "success". With several clients the
+# server sends each client's messages through the other clients' receive QPs: the client
+# processes share one XRC domain (/tmp/xrc_domain), and a target relays what is for another
+# process's SRQ to it.
 xsrq_case() {
-	local args="$*" name
+	local clients=$1 name
+	shift
+	local args="$*"
 	name="ibv_xsrq_pingpong${args:+ $args}"
+	((clients == 1)) || name="$name -c $clients, $clients clients"
 	want "$name" || return 0
 	srdma_next_port "$SNS"
+	XSRQ_CLIENTS=$clients
 	run_pair --port "$PORT" --timeout "$PP_TMO" \
-		--expect '^success$' --expect-server '^success$' \
+		--expect-server '^success$' --check xsrq_check \
 		--reject "couldn'?t|failed|error" \
 		"$name" \
-		"ibv_xsrq_pingpong -p $PORT $args" \
-		"ibv_xsrq_pingpong -p $PORT $args $HOST" \
+		"ibv_xsrq_pingpong -p $PORT -c $clients $args" \
+		"$IT_DIR/clients.sh $clients ibv_xsrq_pingpong -p $PORT $args $HOST" \
 		"$SNS" "$CNS"
+}
+
+# Every client printed "success".
+xsrq_check() {
+	local n
+	n=$(grep -c '^success$' "$1")
+	((n == XSRQ_CLIENTS)) || echo "$n of $XSRQ_CLIENTS clients printed success"
+	((n == XSRQ_CLIENTS))
 }
 
 # UD over the UDP link (opt-in with SOFTRDMA_UD_LINK=udp; UD otherwise rides the stream link).
