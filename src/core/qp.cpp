@@ -581,11 +581,15 @@ void Qp::RxAbort(link::RxTarget& t) {
 void Qp::OnChannelClosed(link::Channel& ch) {
   std::lock_guard<std::mutex> g(mu_);
   if (ack_channel_.get() == &ch) ack_channel_.reset();
-  if (relay_.active && (relay_.owner.get() == &ch || relay_.reply.get() == &ch)) {
-    // No answer will come: the message counts as never received, and the initiator's
-    // retransmission relays it again (or learns that the SRQ's process is gone).
-    if (rq_psn_ == ((relay_.psn + 1) & wire::kPsnMask)) rq_psn_ = relay_.psn;
+  if (relay_.active && relay_.owner.get() == &ch && relay_.reply && !shut_down_ &&
+      state_ != IBV_QPS_ERR) {
+    // The SRQ's process is gone, and its SRQs with it: as for an SRQ number nobody has.
+    std::shared_ptr<link::Channel> reply = relay_.reply;
+    uint32_t psn = relay_.psn;
     relay_ = Relay{};
+    ResponderErrorLocked(*reply, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+  } else if (relay_.active && (relay_.owner.get() == &ch || relay_.reply.get() == &ch)) {
+    relay_ = Relay{};  // the initiator is gone: nobody waits for the answer
   }
   if (av_.channel.get() != &ch) return;
   av_.channel.reset();
