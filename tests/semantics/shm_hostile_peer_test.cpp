@@ -65,21 +65,8 @@ class FakeShmPeer {
     map_len_ = size;
     their_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     our_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    SetupMsg s{{'S', 'R', 'S', 'M'}, 1, {}, kShmRingBytes, 0};
     int fds[3] = {memfd_, their_bell_, our_bell_};
-    char cbuf[CMSG_SPACE(sizeof fds)] = {};
-    iovec iov{&s, sizeof s};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof cbuf;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-    return sendmsg(sock_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, 1, {}, kShmRingBytes, 0}, fds, 3);
   }
 
   ShmRingControl* control(int i) { return reinterpret_cast<ShmRingControl*>(map_) + i; }
@@ -137,20 +124,7 @@ class FakeShmPeer {
 
   // A later message on the socket (kind 1: our arena; kind 2: our window table and arena).
   bool SendControl(uint8_t kind, const int* fds, int nfds) {
-    SetupMsg s{{'S', 'R', 'S', 'M'}, 1, {kind, 0, 0}, 0, 0};
-    char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
-    iovec iov{&s, sizeof s};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * static_cast<size_t>(nfds));
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * static_cast<size_t>(nfds));
-    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * static_cast<size_t>(nfds));
-    return sendmsg(sock_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, 1, {kind, 0, 0}, 0, 0}, fds, nfds);
   }
 
   int sock() const { return sock_; }
@@ -165,6 +139,22 @@ class FakeShmPeer {
   }
 
  private:
+  bool SendMessage(SetupMsg s, const int* fds, int nfds) {
+    char cbuf[CMSG_SPACE(3 * sizeof(int))] = {};
+    iovec iov{&s, sizeof s};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * static_cast<size_t>(nfds));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * static_cast<size_t>(nfds));
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * static_cast<size_t>(nfds));
+    return sendmsg(sock_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof s);
+  }
+
   int sock_ = -1, memfd_ = -1, their_bell_ = -1, our_bell_ = -1;
   uint8_t* map_ = nullptr;
   size_t map_len_ = 0;
