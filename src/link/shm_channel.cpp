@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/log.h"
 #include "link/frame_codec.h"
 #include "link/shared_memory.h"
 
@@ -532,9 +533,9 @@ void ShmChannel::OnDoorbell() {
 void ShmChannel::OnEvents(uint32_t events) {
   if (closed()) return;
   if (!ready_.load(std::memory_order_acquire)) {
-    if (!ReadSetup()) dead_ = true;
+    if (!ReadSetup()) BrokeProtocol("its setup");
   } else if ((events & EPOLLIN) && !ReadControl()) {
-    dead_ = true;
+    BrokeProtocol("a message on its socket");
   }
   if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) peer_gone_ = true;
   if (peer_gone_ || dead_) {
@@ -542,6 +543,13 @@ void ShmChannel::OnEvents(uint32_t events) {
     if (!dead_ && ready_.load(std::memory_order_acquire)) ServeBuffered();
     Close();
   }
+}
+
+// The channel is dropped; the peer's QPs learn it only when their retries run out, so the reason
+// is logged here, where it is known.
+void ShmChannel::BrokeProtocol(const char* what) {
+  dead_ = true;
+  SOFTRDMA_LOG("shm link: the peer broke the protocol (%s); channel dropped", what);
 }
 
 void ShmChannel::ServeBuffered() {
@@ -553,7 +561,7 @@ void ShmChannel::ServeBuffered() {
     if (!p) break;
     uint32_t consumed = 0;
     if (!HandleRecord(p, avail, &consumed)) {
-      dead_ = true;
+      BrokeProtocol("a record");
       break;
     }
     rx_.Consume(consumed);

@@ -75,6 +75,7 @@ class ShmChannel final : public ServedChannel {
   RefWrite WriteByReferenceLocked(TxItem& t);
   bool SendArenaLocked();
   bool ReadControl();
+  void BrokeProtocol(const char* what);
   bool MapPeerArena(uint64_t need);
   bool DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed);
   bool MapRings(int memfd, bool connector);
