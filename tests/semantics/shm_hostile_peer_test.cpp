@@ -321,7 +321,7 @@ int PolledUdReceiver(semantics::ChildPipe p, uint32_t qkey, uint32_t payload,
   a.qp_state = IBV_QPS_RTR;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return 15;
   std::vector<uint8_t> buf(40 + payload, 0);
-  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), int{IBV_ACCESS_LOCAL_WRITE});
   if (!mr) return 16;
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), static_cast<uint32_t>(buf.size()), mr->lkey};
   ibv_recv_wr rwr{}, *bad = nullptr;
