@@ -178,18 +178,9 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
 std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> Hca::McastTargets(
     const ibv_gid& mgid) {
   std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> out;
-  std::lock_guard<std::mutex> g(mcast_channels_mu_);
-  for (uint32_t qpn : mcast_.Members(mgid)) {
-    // Resolving reads the member's slot file: once per process reached, not once per send.
-    uint16_t slot = static_cast<uint16_t>(qpn >> kQpIndexBits);
-    std::shared_ptr<link::Channel>& ch = mcast_channels_[slot];
-    if (!ch || ch->closed()) {
-      ibv_ah_attr a{};
-      a.dlid = slot;
-      ch = Resolve(a, qpn, true);
-    }
-    if (ch) out.emplace_back(ch, qpn);
-  }
+  for (uint32_t qpn : mcast_.Members(mgid))
+    if (auto ch = ChannelToSlot(static_cast<uint16_t>(qpn >> kQpIndexBits), true))
+      out.emplace_back(std::move(ch), qpn);
   return out;
 }
 
@@ -242,7 +233,6 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
     return;
   }
   if (p.info->mask & kIsRelay) {
-    if (ch.is_loopback()) return;  // relays go between processes; ours stay in-process
     if (p.bth->opcode == op::kXrcRelaySend) return ReceiveXrcRelay(*this, ch, p, t);
     if (std::shared_ptr<Qp> qp = FindQp(p.bth->qpn()))
       qp->OnRelayAnswer(p.bth->psn(), p.ext<wire::Aeth>(p.info->aeth)->syndrome);
@@ -266,13 +256,14 @@ void Hca::OnFrameAbort(link::Channel&, link::RxTarget& t) {
   if (t.hold) static_cast<FrameReceiver*>(t.hold.get())->RxAbort(t);
 }
 
-std::shared_ptr<link::Channel> Hca::ChannelToSlot(uint16_t slot) {
-  std::lock_guard<std::mutex> g(relay_channels_mu_);
-  std::shared_ptr<link::Channel>& ch = relay_channels_[slot];
+// Resolving reads the slot's file: once per process reached, not once per message.
+std::shared_ptr<link::Channel> Hca::ChannelToSlot(uint16_t slot, bool datagram) {
+  std::lock_guard<std::mutex> g(slot_channels_mu_);
+  std::shared_ptr<link::Channel>& ch = slot_channels_[uint32_t{slot} | uint32_t{datagram} << 16];
   if (!ch || ch->closed()) {
     ibv_ah_attr a{};
     a.dlid = slot;
-    ch = Resolve(a, uint32_t{slot} << kQpIndexBits);
+    ch = Resolve(a, uint32_t{slot} << kQpIndexBits, datagram);
   }
   return ch;
 }

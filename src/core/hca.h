@@ -49,7 +49,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
                                          bool datagram = false);
 
   // The channel to the process holding `slot` (reused; made again once closed), or nullptr.
-  std::shared_ptr<link::Channel> ChannelToSlot(uint16_t slot);
+  // `datagram`: for UD traffic, as in Resolve.
+  std::shared_ptr<link::Channel> ChannelToSlot(uint16_t slot, bool datagram = false);
 
   McastRegistry& mcast() { return mcast_; }
   // One channel and member QPN per QP attached to `mgid` anywhere on the host.
@@ -104,10 +105,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   MrTable mrs_;
   XrcRegistry xrc_;
   McastRegistry mcast_;
-  std::mutex mcast_channels_mu_;
-  std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> mcast_channels_;  // by slot
-  std::mutex relay_channels_mu_;
-  std::unordered_map<uint16_t, std::shared_ptr<link::Channel>> relay_channels_;  // by slot
+  std::mutex slot_channels_mu_;
+  // By slot, plus 1 << 16 for datagram channels.
+  std::unordered_map<uint32_t, std::shared_ptr<link::Channel>> slot_channels_;
   std::atomic<uint32_t> pd_handles_{0};
 
   std::shared_mutex qp_mu_;

@@ -178,6 +178,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
   // XRC_RECV: a SEND for an SRQ of another process of the domain goes there (xrc_relay.cpp).
   bool RelayableLocked(uint32_t srqn, const Packet& p) const;
+  void BeginRelayLocked(link::Channel& ch, const Packet& p, link::RxTarget& t);
   void StartRelayLocked(const RxWork& w);
 
   // RC semantics (PSNs, ACKs, retransmission): RC and both halves of XRC.

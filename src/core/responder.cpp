@@ -183,33 +183,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   }
   bool duplicate_read = Reliable() && wire::PsnDiff(psn, rq_psn_) < 0;
 
-  if (relay) {
-    // Held here until it has gone to the SRQ's owner and been answered (xrc_relay.cpp).
-    relay_.active = true;
-    relay_.psn = psn;
-    relay_.reply = ResponseChannelLocked(ch);
-    relay_.payload.assign(p.payload_len, 0);
-    if (p.payload_len > 0) t.Add(relay_.payload.data(), p.payload_len);
-    std::memcpy(relay_.header, p.ext<uint8_t>(info.xrceth), sizeof(wire::XrcEth));
-    auto* r = reinterpret_cast<wire::XrcRelayEth*>(relay_.header + sizeof(wire::XrcEth));
-    wire::Store64(r->dev, xrcd_->dev);
-    wire::Store64(r->ino, xrcd_->ino);
-    wire::Store32(r->tgt_qpn, qpn_);
-    wire::Store32(r->src_qpn, attr_.dest_qp_num);
-    r->flags = w.solicited ? wire::XrcRelayEth::kSolicited : 0;
-    if (info.has(kHasImm)) {
-      std::memcpy(r->imm, p.ext<uint8_t>(info.imm), 4);
-      r->flags |= wire::XrcRelayEth::kImm;
-    } else if (info.has(kHasIeth)) {
-      wire::Store32(r->imm, p.ext<wire::Ieth>(info.ieth)->key());
-      r->flags |= wire::XrcRelayEth::kInv;
-    }
-    r->sl = av_.attr.sl;
-    wire::Store16(r->slid, av_.attr.dlid);
-    w.kind = RxWork::kRelay;
-    rq_psn_ = (psn + 1) & wire::kPsnMask;
-    return;
-  }
+  if (relay) return BeginRelayLocked(ch, p, t);
 
   // Checks that can refuse a request come before it takes a receive WQE.
   if (info.mask & kIsWrite) {

@@ -132,7 +132,9 @@ class XrcDelivery final : public FrameReceiver {
 void ReceiveXrcRelay(Hca& hca, link::Channel& ch, const Packet& p, link::RxTarget& t) {
   uint32_t srqn = p.ext<wire::XrcEth>(p.info->xrceth)->value();
   const auto* r = p.ext<wire::XrcRelayEth>(p.info->relay);
-  if (SlotOf(r->tgt_qpn_value()) == hca.lid()) return;  // not a relay: it came from ourselves
+  // A relay comes from another process's target: one naming ours (the in-process link's
+  // included) is not one.
+  if (SlotOf(r->tgt_qpn_value()) == hca.lid()) return;
   auto d = std::make_shared<XrcDelivery>(hca, srqn, *r, p.bth->psn(), p.payload_len);
   if (d->Begin(ch, t)) t.hold = std::static_pointer_cast<FrameReceiver>(d);
 }
@@ -142,6 +144,36 @@ void ReceiveXrcRelay(Hca& hca, link::Channel& ch, const Packet& p, link::RxTarge
 bool Qp::RelayableLocked(uint32_t srqn, const Packet& p) const {
   return xrcd_ && xrcd_->shared() && (p.info->mask & kIsSend) && SlotOf(srqn) != hca_.lid() &&
          SlotOf(srqn) != 0 && p.payload_len <= kMaxRelayBytes;
+}
+
+// The request's header: it is held here (payload, the relay's headers) until it has gone to the
+// SRQ's owner and been answered.
+void Qp::BeginRelayLocked(link::Channel& ch, const Packet& p, link::RxTarget& t) {
+  RxWork& w = WorkOf(t);
+  const OpInfo& info = *p.info;
+  relay_.active = true;
+  relay_.psn = w.psn;
+  relay_.reply = ResponseChannelLocked(ch);
+  relay_.payload.assign(p.payload_len, 0);
+  if (p.payload_len > 0) t.Add(relay_.payload.data(), p.payload_len);
+  std::memcpy(relay_.header, p.ext<uint8_t>(info.xrceth), sizeof(wire::XrcEth));
+  auto* r = reinterpret_cast<wire::XrcRelayEth*>(relay_.header + sizeof(wire::XrcEth));
+  wire::Store64(r->dev, xrcd_->dev);
+  wire::Store64(r->ino, xrcd_->ino);
+  wire::Store32(r->tgt_qpn, qpn_);
+  wire::Store32(r->src_qpn, attr_.dest_qp_num);
+  r->flags = w.solicited ? wire::XrcRelayEth::kSolicited : 0;
+  if (info.has(kHasImm)) {
+    std::memcpy(r->imm, p.ext<uint8_t>(info.imm), 4);
+    r->flags |= wire::XrcRelayEth::kImm;
+  } else if (info.has(kHasIeth)) {
+    wire::Store32(r->imm, p.ext<wire::Ieth>(info.ieth)->key());
+    r->flags |= wire::XrcRelayEth::kInv;
+  }
+  r->sl = av_.attr.sl;
+  wire::Store16(r->slid, av_.attr.dlid);
+  w.kind = RxWork::kRelay;
+  rq_psn_ = (w.psn + 1) & wire::kPsnMask;
 }
 
 void Qp::StartRelayLocked(const RxWork& w) {

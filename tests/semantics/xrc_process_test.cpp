@@ -112,28 +112,7 @@ class XrcProcesses : public VerbsTest {
     buf = Buf(4096);
     ASSERT_TRUE(cq && buf);
 
-    ibv_qp_init_attr_ex ini{};
-    ini.qp_type = IBV_QPT_XRC_SEND;
-    ini.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ini.pd = v.pd;
-    ini.send_cq = cq;
-    ini.cap.max_send_wr = 16;
-    ini.cap.max_send_sge = 1;
-    send_qp = ibv_create_qp_ex(v.ctx, &ini);
-    ASSERT_NE(send_qp, nullptr);
-    ibv_qp_init_attr_ex tgt{};
-    tgt.qp_type = IBV_QPT_XRC_RECV;
-    tgt.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    tgt.xrcd = xrcd;
-    recv_qp = ibv_create_qp_ex(v.ctx, &tgt);
-    ASSERT_NE(recv_qp, nullptr);
-    QpOpts so;
-    so.type = IBV_QPT_XRC_SEND;
-    so.retry_cnt = 2;
-    QpOpts ro;
-    ro.type = IBV_QPT_XRC_RECV;
-    ASSERT_EQ(BringUp(recv_qp, ro, Remote{send_qp->qp_num, v.port.lid, v.gid, 0}), 0);
-    ASSERT_EQ(BringUp(send_qp, so, Remote{recv_qp->qp_num, v.port.lid, v.gid, 0}), 0);
+    ASSERT_EQ(NewXrcPair(v, xrcd, cq, 2, &send_qp, &recv_qp), 0) << strerror(errno);
   }
   void TearDown() override {
     if (send_qp) ibv_destroy_qp(send_qp);
@@ -172,6 +151,15 @@ class XrcProcesses : public VerbsTest {
     wr.qp_type.xrc.remote_srqn = srqn;
     return ibv_post_send(send_qp, &wr, &bad);
   }
+  // Send completions 1..n arrive in order, each a success.
+  void ExpectSendsSucceed(uint64_t n) {
+    ibv_wc wc;
+    for (uint64_t id = 1; id <= n; ++id) {
+      ASSERT_TRUE(PollOne(cq, &wc));
+      EXPECT_EQ(wc.wr_id, id);
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    }
+  }
   bool ChildCompletion(ChildWc* out) {
     char tag = 0;
     return child.Send('W') && child.Recv(&tag, milliseconds(10000)) && tag == 'C' &&
@@ -198,12 +186,7 @@ TEST_F(XrcProcesses, ASendThroughOurTargetCompletesOnTheOwnersSrqCq) {
   ASSERT_TRUE(child.Send('P') && child.Send('P'));
   ASSERT_EQ(Send(1, "first"), 0);
   ASSERT_EQ(Send(2, "second", true), 0);
-  ibv_wc wc;
-  for (uint64_t id : {1u, 2u}) {
-    ASSERT_TRUE(PollOne(cq, &wc));
-    EXPECT_EQ(wc.wr_id, id);
-    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSendsSucceed(2));
   ChildWc c{};
   ASSERT_TRUE(ChildCompletion(&c));
   EXPECT_EQ(c.wr_id, kChildWrBase);
@@ -228,12 +211,7 @@ TEST_F(XrcProcesses, WithoutAReceiveTheSenderWaitsAndTheMessageArrivesOncePosted
   ASSERT_EQ(Send(2, "queued behind"), 0);
   EXPECT_TRUE(Drain(cq, milliseconds(100)).empty()) << "RNR: nothing completes without a receive";
   ASSERT_TRUE(child.Send('P') && child.Send('P'));
-  ibv_wc wc;
-  for (uint64_t id : {1u, 2u}) {
-    ASSERT_TRUE(PollOne(cq, &wc));
-    EXPECT_EQ(wc.wr_id, id);
-    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSendsSucceed(2));
   ChildWc c{};
   ASSERT_TRUE(ChildCompletion(&c));
   EXPECT_STREQ(c.data, "patient");

@@ -163,31 +163,7 @@ class XrcTraffic : public Xrc {
     buf = Buf(4096);
     ASSERT_NE(buf, nullptr);
 
-    ibv_qp_init_attr_ex ini{};
-    ini.qp_type = IBV_QPT_XRC_SEND;
-    ini.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ini.pd = v.pd;
-    ini.send_cq = cq;
-    ini.cap.max_send_wr = 16;
-    ini.cap.max_send_sge = 1;
-    send_qp = ibv_create_qp_ex(v.ctx, &ini);
-    ASSERT_NE(send_qp, nullptr) << strerror(errno);
-    ibv_qp_init_attr_ex tgt{};
-    tgt.qp_type = IBV_QPT_XRC_RECV;
-    tgt.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    tgt.xrcd = xrcd;
-    recv_qp = ibv_create_qp_ex(v.ctx, &tgt);
-    ASSERT_NE(recv_qp, nullptr) << strerror(errno);
-
-    QpOpts so;
-    so.type = IBV_QPT_XRC_SEND;
-    so.retry_cnt = 1;
-    QpOpts ro;
-    ro.type = IBV_QPT_XRC_RECV;
-    Remote to_recv{recv_qp->qp_num, v.port.lid, v.gid, 0};
-    Remote to_send{send_qp->qp_num, v.port.lid, v.gid, 0};
-    ASSERT_EQ(BringUp(recv_qp, ro, to_send), 0);
-    ASSERT_EQ(BringUp(send_qp, so, to_recv), 0);
+    ASSERT_EQ(NewXrcPair(v, xrcd, cq, 1, &send_qp, &recv_qp), 0) << strerror(errno);
   }
   void TearDown() override {
     if (send_qp) {

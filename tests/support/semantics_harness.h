@@ -553,6 +553,34 @@ class Verbs {
 };
 
 // Each test opens its own context: async events of one test never reach another.
+// An XRC initiator (sending with `send_cq`) and an XRC target of `xrcd`, both of `v`, created and
+// connected to each other; the initiator gives up after `retry_cnt` retries. 0 or an errno value.
+inline int NewXrcPair(Verbs& v, ibv_xrcd* xrcd, ibv_cq* send_cq, uint8_t retry_cnt,
+                      ibv_qp** send_qp, ibv_qp** recv_qp) {
+  ibv_qp_init_attr_ex ini{};
+  ini.qp_type = IBV_QPT_XRC_SEND;
+  ini.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ini.pd = v.pd;
+  ini.send_cq = send_cq;
+  ini.cap.max_send_wr = 16;
+  ini.cap.max_send_sge = 1;
+  *send_qp = ibv_create_qp_ex(v.ctx, &ini);
+  if (!*send_qp) return errno;
+  ibv_qp_init_attr_ex tgt{};
+  tgt.qp_type = IBV_QPT_XRC_RECV;
+  tgt.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+  tgt.xrcd = xrcd;
+  *recv_qp = ibv_create_qp_ex(v.ctx, &tgt);
+  if (!*recv_qp) return errno;
+  QpOpts so;
+  so.type = IBV_QPT_XRC_SEND;
+  so.retry_cnt = retry_cnt;
+  QpOpts ro;
+  ro.type = IBV_QPT_XRC_RECV;
+  if (int e = BringUp(*recv_qp, ro, Remote{(*send_qp)->qp_num, v.port.lid, v.gid, 0})) return e;
+  return BringUp(*send_qp, so, Remote{(*recv_qp)->qp_num, v.port.lid, v.gid, 0});
+}
+
 class VerbsTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(v.Open()) << "cannot open softrdma0: " << strerror(errno); }
