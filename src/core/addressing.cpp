@@ -69,6 +69,12 @@ std::vector<uint32_t> LocalIpv4Addresses() {
   return out;
 }
 
+uint16_t DestinationSlot(const ibv_ah_attr& attr, uint32_t qpn) {
+  if (attr.is_global)
+    if (auto f = ParseGid(attr.grh.dgid)) return f->slot;
+  return static_cast<uint16_t>(attr.dlid ? attr.dlid : qpn >> kQpIndexBits);
+}
+
 bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err) {
   dir_ = RunDirectory();
   // World-writable and sticky, like /tmp: every user's processes share one LID/QPN space.
@@ -127,9 +133,58 @@ void SlotRegistry::SweepStaleSlots() {
 SlotRegistry::~SlotRegistry() {
   if (fd_ >= 0) {
     std::string path = dir_ + "/slot-" + std::to_string(slot_);
-    unlink(path.c_str());
+    if (!handed_over_) unlink(path.c_str());
     close(fd_);
   }
+  std::lock_guard<std::mutex> g(adopted_mu_);
+  for (auto& [slot, fd] : adopted_) {
+    if (fd < 0) continue;
+    unlink((dir_ + "/slot-" + std::to_string(slot)).c_str());
+    close(fd);
+  }
+}
+
+bool SlotRegistry::HandOver(uint16_t slot, uint16_t to) {
+  std::string text;
+  {
+    std::ifstream in(dir_ + "/slot-" + std::to_string(to));
+    if (!in) return false;
+    std::ostringstream all;
+    all << in.rdbuf();
+    text = all.str();
+  }
+  std::lock_guard<std::mutex> g(adopted_mu_);
+  int fd = slot == slot_ ? fd_ : -1;
+  auto it = adopted_.find(slot);
+  if (it != adopted_.end()) fd = it->second;
+  if (fd < 0 || text.empty()) return false;
+  if (ftruncate(fd, 0) != 0 ||
+      pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    return false;
+  // Shared from now on, so the successor can take it before we are gone (flock conversion is
+  // not atomic: a starting process could claim the slot in between, as after a crash).
+  flock(fd, LOCK_SH);
+  if (slot == slot_) {
+    handed_over_ = true;
+  } else {
+    // Our shared lock goes with the process; the file stays for the successor.
+    it->second = -1;
+  }
+  return true;
+}
+
+void SlotRegistry::Adopt(uint16_t slot) {
+  if (slot == slot_) return;
+  std::lock_guard<std::mutex> g(adopted_mu_);
+  if (adopted_.count(slot) && adopted_[slot] >= 0) return;
+  std::string path = dir_ + "/slot-" + std::to_string(slot);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    close(fd);  // claimed meanwhile by a starting process: it serves the slot now
+    return;
+  }
+  adopted_[slot] = fd;
 }
 
 void SlotRegistry::ForgetAfterFork() {

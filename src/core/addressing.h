@@ -13,6 +13,8 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +49,9 @@ struct GidFields {
 ibv_gid MakeGid(const GidFields& f);
 std::optional<GidFields> ParseGid(const ibv_gid& gid);
 
+// The slot an address vector reaches: the GID's, else the LID, else the QPN's.
+uint16_t DestinationSlot(const ibv_ah_attr& attr, uint32_t qpn);
+
 // IPv4 addresses of this namespace's interfaces that are up, non-loopback first; 127.0.0.1 when
 // there is nothing else. SOFTRDMA_IP puts a chosen address first.
 std::vector<uint32_t> LocalIpv4Addresses();
@@ -66,11 +71,22 @@ class SlotRegistry {
   // Drops the claim's fd without unlocking: the parent of a fork() still holds it.
   void ForgetAfterFork();
 
+  // Shared XRC targets (xrc_targets.h) outlive the process that serves them. At its exit, slot
+  // `slot` (ours, or one we adopted) is made to reach the process of slot `to`: its file takes
+  // that process's record, and is left in place. False when it could not be rewritten.
+  bool HandOver(uint16_t slot, uint16_t to);
+  // The process that a slot was handed to holds it (shared: its previous holder may still be
+  // exiting) so that no starting process claims or sweeps it.
+  void Adopt(uint16_t slot);
+
  private:
   void SweepStaleSlots();
   std::string dir_;
   int fd_ = -1;
   uint16_t slot_ = 0;
+  bool handed_over_ = false;
+  std::mutex adopted_mu_;
+  std::map<uint16_t, int> adopted_;  // slot -> fd, -1 once handed over again
 };
 
 }  // namespace softrdma::core

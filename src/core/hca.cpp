@@ -38,7 +38,9 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
     registered = true;
     atexit([] {
       std::lock_guard<std::mutex> lk(g_mu);
-      if (g_instance) (*g_instance)->slots_.~SlotRegistry();
+      if (!g_instance) return;
+      (*g_instance)->HandOverTargets();
+      (*g_instance)->slots_.~SlotRegistry();
     });
   }
   return hca;
@@ -98,14 +100,15 @@ bool Hca::Start(std::string* err) {
   return endpoint_ != nullptr;
 }
 
-std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err) {
+std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err, uint32_t qpn) {
   std::unique_lock<std::shared_mutex> g(qp_mu_);
-  if (qps_.size() >= kMaxQp) {
-    *err = ENOMEM;
+  if (qps_.size() >= kMaxQp || (qpn && qps_.count(qpn))) {
+    *err = qpn ? EEXIST : ENOMEM;
     return nullptr;
   }
-  uint32_t qpn = NextFreeNumber(slots_.slot(), &next_qp_index_,
-                                [this](uint32_t n) { return qps_.count(n) != 0; });
+  if (!qpn)
+    qpn = NextFreeNumber(slots_.slot(), &next_qp_index_,
+                         [this](uint32_t n) { return qps_.count(n) != 0; });
   auto qp = std::make_shared<Qp>(ctx, qpn, init);
   qps_.emplace(qpn, qp);
   return qp;
@@ -151,6 +154,8 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
       if (auto peer = slots_.Lookup(static_cast<uint16_t>(slot))) {
         addr = peer->addr;
         same_host = peer->same_netns;
+        // A slot handed to us with the shared XRC targets we serve (xrc_targets.h).
+        self = same_host && peer->addr.port == endpoint_->port();
       }
     }
   }
@@ -243,6 +248,10 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
     SOFTRDMA_LOG("frame for unknown qp %#x dropped", p.bth->qpn());
     return;
   }
+  if (qp->target_table() && qp->TargetChanged() && !qp->SyncTarget()) {
+    if (qp->handles.load() == 0) RemoveQp(qp->qpn());  // no handle on it anywhere any more
+    return;
+  }
   t.hold = std::static_pointer_cast<FrameReceiver>(qp);
   qp->RxHeader(ch, p, t);
 }
@@ -275,7 +284,15 @@ void Hca::OnChannelClosed(link::Channel& ch) {
     all.reserve(qps_.size());
     for (auto& [qpn, qp] : qps_) all.push_back(qp);
   }
-  for (auto& qp : all) qp->OnChannelClosed(ch);
+  bool repath = false;
+  for (auto& qp : all) {
+    if (!qp->OnChannelClosed(ch)) continue;
+    std::lock_guard<std::mutex> g(repath_mu_);
+    repath_qps_.push_back(qp);
+    repath = true;
+  }
+  // Resolved from the timer pass, outside the link's close handling.
+  if (repath && endpoint_) endpoint_->Wake();
 }
 
 void Hca::OnBatchEnd() {
@@ -286,6 +303,17 @@ void Hca::OnBatchEnd() {
 }
 
 int64_t Hca::OnTimers(int64_t now) {
+  std::vector<std::shared_ptr<Qp>> repath;
+  {
+    std::lock_guard<std::mutex> g(repath_mu_);
+    repath.swap(repath_qps_);
+  }
+  for (auto& qp : repath) {
+    // By slot, not by GID: the GID names the port of the process that left.
+    ibv_ah_attr a{};
+    a.dlid = DestinationSlot(qp->path_attr(), qp->dest_qpn());
+    qp->Repath(Resolve(a, qp->dest_qpn()));
+  }
   std::vector<std::shared_ptr<Qp>> armed;
   {
     std::lock_guard<std::mutex> g(timer_mu_);

@@ -22,6 +22,7 @@
 #include "core/multicast.h"
 #include "core/qp.h"
 #include "core/xrc.h"
+#include "core/xrc_targets.h"
 #include "link/endpoint.h"
 
 namespace softrdma::core {
@@ -39,7 +40,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   XrcRegistry& xrc() { return xrc_; }
   uint32_t NewPdHandle() { return ++pd_handles_; }
 
-  std::shared_ptr<Qp> CreateQp(Context& ctx, const Qp::Init& init, int* err);
+  // `qpn` non-zero: a replica of another process's shared XRC target, under that number.
+  std::shared_ptr<Qp> CreateQp(Context& ctx, const Qp::Init& init, int* err, uint32_t qpn = 0);
   void RemoveQp(uint32_t qpn);
   std::shared_ptr<Qp> FindQp(uint32_t qpn);
 
@@ -51,6 +53,26 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // The channel to the process holding `slot` (reused; made again once closed), or nullptr.
   // `datagram`: for UD traffic, as in Resolve.
   std::shared_ptr<link::Channel> ChannelToSlot(uint16_t slot, bool datagram = false);
+
+  // XRC targets shared between processes (xrc_targets.h; xrc_sharing.cpp).
+  SharedTargets& targets() { return targets_; }
+  // A new XRC_RECV QP of a domain opened through a file enters the domain's table, this process
+  // holding it and serving it. 0 or an errno value.
+  int PublishTarget(const std::shared_ptr<Qp>& qp);
+  // ibv_open_qp(3): one more handle on target `qpn` of `xrcd`. nullptr and *err: EINVAL when the
+  // domain has no such target.
+  std::shared_ptr<Qp> OpenTarget(Context& ctx, const std::shared_ptr<Xrcd>& xrcd, uint32_t qpn,
+                                 int* err);
+  // One handle on a target is destroyed: true when the QP goes now. It stays while this
+  // process serves it for holders elsewhere.
+  bool CloseTarget(Qp& qp);
+  // At exit: what this process serves goes to a holder still alive, with the slots that reach it.
+  void HandOverTargets();
+  // A sender's path broke: true when the slot it addressed now reaches another process (the
+  // holder a shared target was handed to).
+  bool PeerSlotMoved(const link::Channel& closed, const ibv_ah_attr& attr, uint32_t dest_qpn);
+  // This process serves a target of `slot` from now on.
+  void AdoptSlot(uint16_t slot) { slots_.Adopt(slot); }
 
   McastRegistry& mcast() { return mcast_; }
   // One channel and member QPN per QP attached to `mgid` anywhere on the host.
@@ -104,6 +126,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::unique_ptr<link::Endpoint> endpoint_;
   MrTable mrs_;
   XrcRegistry xrc_;
+  SharedTargets targets_;
+  std::mutex repath_mu_;
+  std::vector<std::shared_ptr<Qp>> repath_qps_;  // paths to resolve again (progress thread)
   McastRegistry mcast_;
   std::mutex slot_channels_mu_;
   // By slot, plus 1 << 16 for datagram channels.

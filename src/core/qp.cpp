@@ -69,6 +69,7 @@ void Qp::PublishEndpointLocked() {
 }
 
 void Qp::RaiseAsync(ibv_event_type type) {
+  if (!user_handle_) return;  // a shared XRC target whose handles here are all closed
   ibv_async_event e{};
   e.element.qp = user_handle_;
   e.event_type = type;
@@ -189,6 +190,14 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
     SOFTRDMA_LOG("qp %#x: modify %d->%d mask %#x refused", qpn_, cur, next, mask);
     return r;
   }
+  // A shared XRC target's record follows every change, whoever's handle made it.
+  struct PublishOnReturn {
+    Qp* qp;
+    int mask;
+    ~PublishOnReturn() {
+      if (qp->target_table_) qp->PublishTargetLocked(mask);
+    }
+  } publish{this, mask};
   if (next == cur && next != IBV_QPS_ERR && next != IBV_QPS_RESET) {
     if (mask & IBV_QP_ACCESS_FLAGS) PublishEndpointLocked();
     if (next == IBV_QPS_RTS) RunRequesterLocked();
@@ -578,7 +587,7 @@ void Qp::RxAbort(link::RxTarget& t) {
     rq_psn_ = w.psn;
 }
 
-void Qp::OnChannelClosed(link::Channel& ch) {
+bool Qp::OnChannelClosed(link::Channel& ch) {
   std::lock_guard<std::mutex> g(mu_);
   if (ack_channel_.get() == &ch) ack_channel_.reset();
   if (relay_.active && relay_.owner.get() == &ch && relay_.reply && !shut_down_ &&
@@ -591,14 +600,36 @@ void Qp::OnChannelClosed(link::Channel& ch) {
   } else if (relay_.active && (relay_.owner.get() == &ch || relay_.reply.get() == &ch)) {
     relay_ = Relay{};  // the initiator is gone: nobody waits for the answer
   }
-  if (av_.channel.get() != &ch) return;
+  if (av_.channel.get() != &ch) return false;
   av_.channel.reset();
   // A destroyed QP completes nothing more: the HCA's snapshot of QPs that calls us can outlive
   // ibv_destroy_qp, and the application may have destroyed the CQs too (qperf's heap was
   // corrupted by an error completion written into its freed send CQ).
-  if (shut_down_) return;
+  if (shut_down_) return false;
+  if (Reliable() && type_ != IBV_QPT_XRC_RECV && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) &&
+      hca_.PeerSlotMoved(ch, av_.attr, attr_.dest_qp_num))
+    return true;  // the HCA resolves the path again, then Repath
   if (Reliable() && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
+  return false;
+}
+
+void Qp::Repath(std::shared_ptr<link::Channel> ch) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (shut_down_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) return;
+  if (!ch) {
+    if (head_ != tail_) FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
+    return;
+  }
+  SOFTRDMA_LOG("qp %#x: peer slot moved, sending again from the oldest unacknowledged request",
+               qpn_);
+  av_.channel = std::move(ch);
+  if (head_ == next_) return RunRequesterLocked();
+  next_ = head_;
+  sq_psn_ = sq_[head_ % sq_.size()].psn;
+  rd_outstanding_ = 0;
+  retransmit_deadline_ = INT64_MAX;
+  RunRequesterLocked();
 }
 
 int64_t Qp::OnTimer(int64_t now) {

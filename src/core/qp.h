@@ -5,6 +5,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,8 @@ class Context;
 class Cq;
 class Hca;
 struct Pd;
+struct TargetRecord;
+class TargetTable;
 
 // A resolved destination: the channel that reaches it plus what GRH/LRH fields to put on frames.
 struct AddressVector {
@@ -123,12 +126,34 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void RxAbort(link::RxTarget& t) override;
   // XRC_RECV: the SRQ's owner answered the message this target relayed to it (AETH syndrome).
   void OnRelayAnswer(uint32_t psn, uint8_t syndrome);
-  void OnChannelClosed(link::Channel& ch);
+  // True when the QP lost its path with `ch` but may find it again (its peer's slot moved to
+  // another process, xrc_targets.h): the HCA resolves the path again and calls Repath.
+  bool OnChannelClosed(link::Channel& ch);
+  // The destination's slot (for a new resolution) when `ch` was this QP's path.
+  const ibv_ah_attr& path_attr() const { return av_.attr; }
+  uint32_t dest_qpn() const { return attr_.dest_qp_num; }
+  // Sends everything unacknowledged again on `ch`, or fails as on a lost connection (null).
+  void Repath(std::shared_ptr<link::Channel> ch);
   void FlushAck();
   // Runs expired timers; returns the next deadline or INT64_MAX.
   int64_t OnTimer(int64_t now_ns);
 
   struct RxWork;  // per-inbound-frame state, qp_internal.h
+
+  // XRC_RECV QPs other processes may hold (xrc_targets.h, xrc_sharing.cpp).
+  // Handles on it in this process (ibv_create_qp_ex, then one per ibv_open_qp).
+  std::atomic<int> handles{1};
+  void AttachTarget(TargetTable* table, TargetRecord* record);
+  TargetTable* target_table() const { return target_table_; }
+  // A change made elsewhere (a modify through another process's handle, this process named as
+  // the new server) waits to be taken up: cheap enough for every inbound request.
+  bool TargetChanged() const;
+  // Takes up the record's change; false when the target no longer exists anywhere.
+  bool SyncTarget();
+  // At exit: the PSN a successor serving this target expects next; serves no more here.
+  uint32_t StopServing();
+  // `handle` is destroyed while other handles keep the QP: events no longer name it.
+  void ForgetUserHandle(const ibv_qp* handle);
 
  private:
   // qp.cpp: state machine and queues.
@@ -200,6 +225,13 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   ibv_qp* user_handle_;
 
   std::mutex mu_;
+  // A shared XRC target: its record in the domain's table (null otherwise).
+  TargetTable* target_table_ = nullptr;
+  TargetRecord* target_record_ = nullptr;
+  uint32_t target_generation_ = 0;
+  bool serving_ = false;  // this process executes its requests (else a handle's replica)
+  void PublishTargetLocked(int mask);
+  void AdoptTargetLocked(bool with_psn);
   ibv_qp_state state_ = IBV_QPS_RESET;
   ibv_qp_attr attr_{};  // as last set by ibv_modify_qp
   AddressVector av_;    // connected peer (RC/UC)

@@ -67,6 +67,7 @@ void InstallContextOps(verbs_context* vctx) {
   vctx->query_device_ex = QueryDeviceEx;
   vctx->create_cq_ex = CreateCqEx;
   vctx->create_qp_ex = CreateQpEx;
+  vctx->open_qp = OpenQp;
   vctx->create_srq_ex = CreateSrqEx;
   vctx->get_srq_num = GetSrqNum;
   vctx->open_xrcd = OpenXrcd;

@@ -121,6 +121,7 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+ibv_qp* OpenQp(ibv_context* ctx, ibv_qp_open_attr* attr);
 ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 int GetSrqNum(ibv_srq* srq, uint32_t* srq_num);
 ibv_xrcd* OpenXrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);

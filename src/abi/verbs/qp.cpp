@@ -49,6 +49,11 @@ ibv_qp* CreateXrcRecvQp(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   init.xrcd = VerbsXrcd::From(a->xrcd)->core;
   VerbsQp* qp = NewQp(ctx, init, a->qp_context);
   if (!qp) return nullptr;
+  if (int err = CoreOf(ctx).hca().PublishTarget(qp->core)) {
+    qp->core->Shutdown();
+    delete qp;
+    return Fail<ibv_qp>(err);
+  }
   a->cap = ibv_qp_cap{};
   qp->xrcd = VerbsXrcd::From(a->xrcd);
   ++qp->xrcd->users;
@@ -56,6 +61,37 @@ ibv_qp* CreateXrcRecvQp(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
 }
 
 }  // namespace
+
+// ibv_open_qp(3): another handle on an XRC target QP of the domain, this process's or another's.
+ibv_qp* OpenQp(ibv_context* ctx, ibv_qp_open_attr* a) {
+  if (!ctx || !a) return Fail<ibv_qp>(EINVAL);
+  constexpr uint32_t kNeeded = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  if (a->comp_mask >= IBV_QP_OPEN_ATTR_RESERVED) return Fail<ibv_qp>(EOPNOTSUPP);
+  if ((a->comp_mask & kNeeded) != kNeeded || !a->xrcd || a->qp_type != IBV_QPT_XRC_RECV)
+    return Fail<ibv_qp>(EINVAL);
+  VerbsXrcd* x = VerbsXrcd::From(a->xrcd);
+  int err = 0;
+  std::shared_ptr<core::Qp> core =
+      CoreOf(ctx).hca().OpenTarget(CoreOf(ctx), x->core, a->qp_num, &err);
+  if (!core) return Fail<ibv_qp>(err);
+  auto* qp = new VerbsQp{};
+  qp->core = std::move(core);
+  qp->xrcd = x;
+  ++x->users;
+  ibv_qp& q = qp->ibv.qp_base;
+  q.context = ctx;
+  q.qp_context = (a->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? a->qp_context : nullptr;
+  q.handle = a->qp_num;
+  q.qp_num = a->qp_num;
+  ibv_qp_attr now{};
+  ibv_qp_init_attr init{};
+  qp->core->Query(&now, IBV_QP_STATE, &init);
+  q.state = now.qp_state;
+  q.qp_type = IBV_QPT_XRC_RECV;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  return &q;
+}
 
 ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!ctx || !a) return Fail<ibv_qp>(EINVAL);
@@ -189,7 +225,11 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   if (!qp) return EINVAL;
   VerbsQp* q = VerbsQp::From(qp);
-  q->core->Shutdown();
+  // An XRC target goes only with its last handle, here and in every process (ibv_open_qp(3)).
+  if (!q->xrcd || CoreOf(qp->context).hca().CloseTarget(*q->core))
+    q->core->Shutdown();
+  else
+    q->core->ForgetUserHandle(qp);
   CoreOf(qp->context).async_events().Purge([qp](const ibv_async_event& e) {
     switch (e.event_type) {
       case IBV_EVENT_CQ_ERR:
