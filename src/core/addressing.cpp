@@ -92,6 +92,10 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
       close(fd);  // taken, or swept as stale between our open and our lock
       continue;
     }
+    if (HeldElsewhere(s)) {
+      close(fd);  // its creator is gone, but its shared XRC targets live on elsewhere
+      continue;
+    }
     std::ostringstream info;
     info << "softrdma-slot 1\nnetns " << NetnsId() << "\nport " << port << "\npid " << getpid()
          << "\nips";
@@ -123,7 +127,8 @@ void SlotRegistry::SweepStaleSlots() {
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     struct stat st {};
-    if (fstat(fd, &st) == 0 && st.st_uid == getuid() && flock(fd, LOCK_EX | LOCK_NB) == 0)
+    if (fstat(fd, &st) == 0 && st.st_uid == getuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        !HeldElsewhere(static_cast<uint16_t>(std::atoi(e->d_name + 5))))
       unlink(path.c_str());
     close(fd);
   }
@@ -132,64 +137,95 @@ void SlotRegistry::SweepStaleSlots() {
 
 SlotRegistry::~SlotRegistry() {
   if (fd_ >= 0) {
-    std::string path = dir_ + "/slot-" + std::to_string(slot_);
-    if (!handed_over_) unlink(path.c_str());
+    if (!handed_over_) unlink(PathOf(slot_).c_str());
     close(fd_);
   }
-  std::lock_guard<std::mutex> g(adopted_mu_);
-  for (auto& [slot, fd] : adopted_) {
-    if (fd < 0) continue;
-    unlink((dir_ + "/slot-" + std::to_string(slot)).c_str());
-    close(fd);
+  std::vector<uint16_t> held;
+  {
+    std::lock_guard<std::mutex> g(held_mu_);
+    for (auto& [slot, h] : held_) held.push_back(slot);
   }
+  for (uint16_t slot : held) {
+    {
+      std::lock_guard<std::mutex> g(held_mu_);
+      held_[slot].count = 1;
+    }
+    Release(slot);
+  }
+}
+
+bool SlotRegistry::HeldElsewhere(uint16_t slot) const {
+  int fd = open((PathOf(slot) + ".held").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool held = flock(fd, LOCK_EX | LOCK_NB) != 0;
+  close(fd);
+  return held;
+}
+
+void SlotRegistry::Hold(uint16_t slot) {
+  if (slot == slot_) return;
+  std::lock_guard<std::mutex> g(held_mu_);
+  HeldSlot& h = held_[slot];
+  if (h.count++ > 0) return;
+  // A few tries: the last holder may remove the file between our open and our lock.
+  std::string path = PathOf(slot) + ".held";
+  for (int i = 0; i < 8 && h.fd < 0; ++i) {
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    struct stat st {};
+    if (flock(fd, LOCK_SH) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0)
+      h.fd = fd;
+    else
+      close(fd);
+  }
+}
+
+void SlotRegistry::Release(uint16_t slot) {
+  std::lock_guard<std::mutex> g(held_mu_);
+  auto it = held_.find(slot);
+  if (it == held_.end() || --it->second.count > 0) return;
+  int fd = it->second.fd;
+  held_.erase(it);
+  if (fd < 0) return;
+  // Last holder here; the last anywhere when the lock turns exclusive. Then the slot's file goes
+  // too unless its creator still holds it (the creator removes it at its own exit).
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    int owner = open(PathOf(slot).c_str(), O_RDONLY | O_CLOEXEC);
+    if (owner >= 0 && flock(owner, LOCK_EX | LOCK_NB) == 0) unlink(PathOf(slot).c_str());
+    if (owner >= 0) close(owner);
+    unlink((PathOf(slot) + ".held").c_str());
+  }
+  close(fd);
 }
 
 bool SlotRegistry::HandOver(uint16_t slot, uint16_t to) {
   std::string text;
   {
-    std::ifstream in(dir_ + "/slot-" + std::to_string(to));
+    std::ifstream in(PathOf(to));
     if (!in) return false;
     std::ostringstream all;
     all << in.rdbuf();
     text = all.str();
   }
-  std::lock_guard<std::mutex> g(adopted_mu_);
-  int fd = slot == slot_ ? fd_ : -1;
-  auto it = adopted_.find(slot);
-  if (it != adopted_.end()) fd = it->second;
-  if (fd < 0 || text.empty()) return false;
-  if (ftruncate(fd, 0) != 0 ||
-      pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
-    return false;
-  // Shared from now on, so the successor can take it before we are gone (flock conversion is
-  // not atomic: a starting process could claim the slot in between, as after a crash).
-  flock(fd, LOCK_SH);
-  if (slot == slot_) {
-    handed_over_ = true;
-  } else {
-    // Our shared lock goes with the process; the file stays for the successor.
-    it->second = -1;
-  }
-  return true;
-}
-
-void SlotRegistry::Adopt(uint16_t slot) {
-  if (slot == slot_) return;
-  std::lock_guard<std::mutex> g(adopted_mu_);
-  if (adopted_.count(slot) && adopted_[slot] >= 0) return;
-  std::string path = dir_ + "/slot-" + std::to_string(slot);
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return;
-  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
-    close(fd);  // claimed meanwhile by a starting process: it serves the slot now
-    return;
-  }
-  adopted_[slot] = fd;
+  if (text.empty()) return false;
+  int fd = slot == slot_ ? fd_ : open(PathOf(slot).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ftruncate(fd, 0) == 0 &&
+            pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
+  if (slot == slot_)
+    handed_over_ = ok;
+  else
+    close(fd);
+  return ok;
 }
 
 void SlotRegistry::ForgetAfterFork() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  std::lock_guard<std::mutex> g(held_mu_);
+  for (auto& [slot, h] : held_)
+    if (h.fd >= 0) close(h.fd);  // the parent's holds stay the parent's
+  held_.clear();
 }
 
 std::optional<SlotRegistry::Peer> SlotRegistry::Lookup(uint16_t slot) const {

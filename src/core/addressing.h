@@ -71,22 +71,32 @@ class SlotRegistry {
   // Drops the claim's fd without unlocking: the parent of a fork() still holds it.
   void ForgetAfterFork();
 
-  // Shared XRC targets (xrc_targets.h) outlive the process that serves them. At its exit, slot
-  // `slot` (ours, or one we adopted) is made to reach the process of slot `to`: its file takes
-  // that process's record, and is left in place. False when it could not be rewritten.
+  // Shared XRC targets (xrc_targets.h) outlive the process that created them, so their QP
+  // numbers' slot must too. A process holding a target of another slot holds that slot (a shared
+  // lock on "slot-N.held"): no starting process claims it or sweeps it, even once its creator is
+  // gone. Release drops one hold; the last holder of a slot whose creator is gone removes its
+  // files. Holds of the slot we claimed ourselves are not needed and not taken.
+  void Hold(uint16_t slot);
+  void Release(uint16_t slot);
+  // At exit, slot `slot` (ours, or one we hold) is made to reach the process of slot `to`: its
+  // file takes that process's record and stays. False when it could not be rewritten.
   bool HandOver(uint16_t slot, uint16_t to);
-  // The process that a slot was handed to holds it (shared: its previous holder may still be
-  // exiting) so that no starting process claims or sweeps it.
-  void Adopt(uint16_t slot);
 
  private:
   void SweepStaleSlots();
+  // True while some process holds `slot` (a caller holding its slot file's lock asks).
+  bool HeldElsewhere(uint16_t slot) const;
+  std::string PathOf(uint16_t slot) const { return dir_ + "/slot-" + std::to_string(slot); }
   std::string dir_;
   int fd_ = -1;
   uint16_t slot_ = 0;
   bool handed_over_ = false;
-  std::mutex adopted_mu_;
-  std::map<uint16_t, int> adopted_;  // slot -> fd, -1 once handed over again
+  struct HeldSlot {
+    int fd = -1;
+    int count = 0;
+  };
+  std::mutex held_mu_;
+  std::map<uint16_t, HeldSlot> held_;
 };
 
 }  // namespace softrdma::core

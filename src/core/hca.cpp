@@ -124,6 +124,9 @@ void Hca::RemoveQp(uint32_t qpn) {
     mcast_.DetachAll(qpn);
     qps_.erase(it);
   }
+  // A replica of another process's shared XRC target held that process's slot (xrc_targets.h).
+  uint16_t slot = static_cast<uint16_t>(qpn >> kQpIndexBits);
+  if (keep->target_table() && slot != slots_.slot()) slots_.Release(slot);
   std::lock_guard<std::mutex> g(timer_mu_);
   timer_qps_.erase(keep);
 }
@@ -284,15 +287,16 @@ void Hca::OnChannelClosed(link::Channel& ch) {
     all.reserve(qps_.size());
     for (auto& [qpn, qp] : qps_) all.push_back(qp);
   }
-  bool repath = false;
-  for (auto& qp : all) {
-    if (!qp->OnChannelClosed(ch)) continue;
+  for (auto& qp : all) qp->OnChannelClosed(ch);
+}
+
+void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
+  {
     std::lock_guard<std::mutex> g(repath_mu_);
-    repath_qps_.push_back(qp);
-    repath = true;
+    repath_qps_.push_back(std::move(qp));
   }
-  // Resolved from the timer pass, outside the link's close handling.
-  if (repath && endpoint_) endpoint_->Wake();
+  // Resolved from the timer pass, outside the link's close handling and the QP's lock.
+  if (endpoint_) endpoint_->Wake();
 }
 
 void Hca::OnBatchEnd() {

@@ -71,8 +71,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // A sender's path broke: true when the slot it addressed now reaches another process (the
   // holder a shared target was handed to).
   bool PeerSlotMoved(const link::Channel& closed, const ibv_ah_attr& attr, uint32_t dest_qpn);
-  // This process serves a target of `slot` from now on.
-  void AdoptSlot(uint16_t slot) { slots_.Adopt(slot); }
+  // Resolves `qp`'s path again on the progress thread, then calls its Repath.
+  void QueueRepath(std::shared_ptr<Qp> qp);
 
   McastRegistry& mcast() { return mcast_; }
   // One channel and member QPN per QP attached to `mgid` anywhere on the host.

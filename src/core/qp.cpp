@@ -195,7 +195,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
     Qp* qp;
     int mask;
     ~PublishOnReturn() {
-      if (qp->target_table_) qp->PublishTargetLocked(mask);
+      if (qp->target_table()) qp->PublishTargetLocked(mask);
     }
   } publish{this, mask};
   if (next == cur && next != IBV_QPS_ERR && next != IBV_QPS_RESET) {
@@ -587,7 +587,7 @@ void Qp::RxAbort(link::RxTarget& t) {
     rq_psn_ = w.psn;
 }
 
-bool Qp::OnChannelClosed(link::Channel& ch) {
+void Qp::OnChannelClosed(link::Channel& ch) {
   std::lock_guard<std::mutex> g(mu_);
   if (ack_channel_.get() == &ch) ack_channel_.reset();
   if (relay_.active && relay_.owner.get() == &ch && relay_.reply && !shut_down_ &&
@@ -600,22 +600,35 @@ bool Qp::OnChannelClosed(link::Channel& ch) {
   } else if (relay_.active && (relay_.owner.get() == &ch || relay_.reply.get() == &ch)) {
     relay_ = Relay{};  // the initiator is gone: nobody waits for the answer
   }
-  if (av_.channel.get() != &ch) return false;
-  av_.channel.reset();
+  if (av_.channel.get() != &ch) return;
   // A destroyed QP completes nothing more: the HCA's snapshot of QPs that calls us can outlive
   // ibv_destroy_qp, and the application may have destroyed the CQs too (qperf's heap was
   // corrupted by an error completion written into its freed send CQ).
-  if (shut_down_) return false;
-  if (Reliable() && type_ != IBV_QPT_XRC_RECV && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) &&
-      hca_.PeerSlotMoved(ch, av_.attr, attr_.dest_qp_num))
-    return true;  // the HCA resolves the path again, then Repath
+  if (shut_down_) {
+    av_.channel.reset();
+    return;
+  }
+  if (RepathIfMovedLocked(ch)) return;
+  av_.channel.reset();
   if (Reliable() && (state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD) && head_ != tail_)
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
-  return false;
+}
+
+bool Qp::RepathIfMovedLocked(const link::Channel& ch) {
+  if (repath_pending_) return true;
+  if (!Reliable() || type_ == IBV_QPT_XRC_RECV ||
+      (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) ||
+      !hca_.PeerSlotMoved(ch, av_.attr, attr_.dest_qp_num))
+    return false;
+  repath_pending_ = true;
+  hca_.QueueRepath(shared_from_this());
+  return true;
 }
 
 void Qp::Repath(std::shared_ptr<link::Channel> ch) {
   std::lock_guard<std::mutex> g(mu_);
+  repath_pending_ = false;
+  av_.channel.reset();
   if (shut_down_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) return;
   if (!ch) {
     if (head_ != tail_) FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);

@@ -126,14 +126,15 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void RxAbort(link::RxTarget& t) override;
   // XRC_RECV: the SRQ's owner answered the message this target relayed to it (AETH syndrome).
   void OnRelayAnswer(uint32_t psn, uint8_t syndrome);
-  // True when the QP lost its path with `ch` but may find it again (its peer's slot moved to
-  // another process, xrc_targets.h): the HCA resolves the path again and calls Repath.
-  bool OnChannelClosed(link::Channel& ch);
+  // `ch` closed. When it was this QP's path to a peer whose slot moved to another process (a
+  // shared XRC target handed over, xrc_targets.h), the path is resolved again (Repath).
+  void OnChannelClosed(link::Channel& ch);
   // The destination's slot (for a new resolution) when `ch` was this QP's path.
   const ibv_ah_attr& path_attr() const { return av_.attr; }
   uint32_t dest_qpn() const { return attr_.dest_qp_num; }
   // Sends everything unacknowledged again on `ch`, or fails as on a lost connection (null).
   void Repath(std::shared_ptr<link::Channel> ch);
+
   void FlushAck();
   // Runs expired timers; returns the next deadline or INT64_MAX.
   int64_t OnTimer(int64_t now_ns);
@@ -144,11 +145,13 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // Handles on it in this process (ibv_create_qp_ex, then one per ibv_open_qp).
   std::atomic<int> handles{1};
   void AttachTarget(TargetTable* table, TargetRecord* record);
-  TargetTable* target_table() const { return target_table_; }
+  TargetTable* target_table() const { return target_table_.load(std::memory_order_acquire); }
   // A change made elsewhere (a modify through another process's handle, this process named as
-  // the new server) waits to be taken up: cheap enough for every inbound request.
+  // the new server) waits to be taken up, or this process does not serve it: cheap enough for
+  // every inbound request.
   bool TargetChanged() const;
-  // Takes up the record's change; false when the target no longer exists anywhere.
+  // Takes up the record's change; false when this process is not to execute the target's
+  // requests (another process serves it, or it no longer exists anywhere).
   bool SyncTarget();
   // At exit: the PSN a successor serving this target expects next; serves no more here.
   uint32_t StopServing();
@@ -226,10 +229,18 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
 
   std::mutex mu_;
   // A shared XRC target: its record in the domain's table (null otherwise).
-  TargetTable* target_table_ = nullptr;
-  TargetRecord* target_record_ = nullptr;
-  uint32_t target_generation_ = 0;
-  bool serving_ = false;  // this process executes its requests (else a handle's replica)
+  // Set once the QP is in the HCA's table and read per inbound frame without mu_.
+  std::atomic<TargetTable*> target_table_{nullptr};
+  std::atomic<TargetRecord*> target_record_{nullptr};
+  std::atomic<uint32_t> target_generation_{0};
+  // This process executes its requests (else a handle's replica). Read without mu_ per frame.
+  std::atomic<bool> serving_{false};
+  bool stopping_ = false;  // handing it over at exit: takes no new request
+  // The requester's path broke, and its peer's slot moved: nothing is sent, and nothing fails
+  // for want of a path, until Repath.
+  bool repath_pending_ = false;
+  // True when the closed path `ch` leads on to wherever its peer's slot moved (Repath follows).
+  bool RepathIfMovedLocked(const link::Channel& ch);
   void PublishTargetLocked(int mask);
   void AdoptTargetLocked(bool with_psn);
   ibv_qp_state state_ = IBV_QPS_RESET;

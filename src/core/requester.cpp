@@ -45,10 +45,12 @@ WrMapping MapWr(ibv_wr_opcode op) {
 // How long the requester waits for a response before it retransmits. The IBTA period is floored
 // and stretched by the bytes in flight: over TCP a large message is acknowledged only once it has
 // been fully received, so the spec's per-packet period would fire spuriously.
+constexpr int64_t kRetransmitFloorNs = 20'000'000;
+
 int64_t RetransmitPeriodNs(uint8_t timeout, uint64_t bytes_in_flight) {
   if (timeout == 0) return INT64_MAX;
   int64_t spec = int64_t{4096} << std::min<int>(timeout, 31);
-  return std::max<int64_t>(spec, 20'000'000) + static_cast<int64_t>(bytes_in_flight);
+  return std::max<int64_t>(spec, kRetransmitFloorNs) + static_cast<int64_t>(bytes_in_flight);
 }
 
 }  // namespace
@@ -221,6 +223,9 @@ void Qp::RunRequesterLocked() {
         continue;
       }
     }
+    // A path that broke because its peer's slot moved on is found again, not failed.
+    if (av_.channel && av_.channel->closed() && RepathIfMovedLocked(*av_.channel)) return;
+    if (repath_pending_) return;
     uint64_t idx = next_;
     ibv_wc_status st = SendWqeLocked(w);
     if (st != IBV_WC_SUCCESS) {
@@ -257,6 +262,7 @@ int64_t Qp::RetransmitTimerLocked(int64_t now) {
     return INT64_MAX;
   }
   if (retransmit_deadline_ == INT64_MAX || now < retransmit_deadline_) return retransmit_deadline_;
+  if (repath_pending_) return retransmit_deadline_ = now + kRetransmitFloorNs;  // Repath resends
   if (retry_left_ <= 0) {
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
     return INT64_MAX;

@@ -121,6 +121,10 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   }
   uint32_t psn = p.bth->psn();
   w.psn = psn;
+  if (stopping_) {
+    SOFTRDMA_LOG("qp %#x: psn %#x left to the process this target is handed to", qpn_, psn);
+    return;
+  }
   if (relay_.active && wire::PsnDiff(psn, relay_.psn) >= 0) {
     relay_.dropped = relay_.dropped || psn != relay_.psn;
     SOFTRDMA_LOG("qp %#x: psn %#x waits for the relayed message %#x", qpn_, psn, relay_.psn);

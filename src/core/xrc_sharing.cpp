@@ -4,36 +4,50 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "core/hca.h"
 #include "core/log.h"
 #include "core/xrc_targets.h"
 
 namespace softrdma::core {
+namespace {
+
+// How long an exiting server waits for the answer to a message it relayed.
+constexpr int64_t kRelayAnswerWaitNs = 2'000'000'000;
+
+uint16_t SlotOf(uint32_t qpn) {
+  return static_cast<uint16_t>(qpn >> kQpIndexBits);
+}
+
+}  // namespace
 
 // ---- Qp side.
 
 void Qp::AttachTarget(TargetTable* table, TargetRecord* record) {
   std::lock_guard<std::mutex> g(mu_);
-  target_table_ = table;
   target_record_ = record;
   target_generation_ = record->generation.load(std::memory_order_acquire);
   serving_ = record->server_pid == getpid();
+  target_table_.store(table, std::memory_order_release);
   if (!serving_) AdoptTargetLocked(false);
 }
 
 bool Qp::TargetChanged() const {
-  TargetRecord* r = target_record_;
-  return r->generation.load(std::memory_order_acquire) != target_generation_ ||
-         (!serving_ && r->server_pid == getpid()) || r->qpn.load(std::memory_order_relaxed) != qpn_;
+  const TargetRecord* r = target_record_.load(std::memory_order_relaxed);
+  return !serving_.load(std::memory_order_relaxed) ||
+         r->generation.load(std::memory_order_acquire) != target_generation_ ||
+         r->qpn.load(std::memory_order_relaxed) != qpn_;
 }
 
 bool Qp::SyncTarget() {
   std::lock_guard<std::mutex> g(mu_);
-  TargetTable::Guard tg(*target_table_);
-  TargetRecord* r = target_table_->FindLocked(qpn_);
+  TargetTable& table = *target_table();
+  TargetTable::Guard tg(table);
+  TargetRecord* r = table.FindLocked(qpn_);
   if (!r) {
     serving_ = false;
     return false;
@@ -44,15 +58,12 @@ bool Qp::SyncTarget() {
   serving_ = r->server_pid == getpid();
   if (!serving_) return false;  // another process serves it: requests here are not ours
   AdoptTargetLocked(takes_over);
-  if (takes_over) {
-    SOFTRDMA_LOG("qp %#x: serving the shared XRC target from psn %#x", qpn_, rq_psn_);
-    hca_.AdoptSlot(static_cast<uint16_t>(qpn_ >> kQpIndexBits));
-  }
+  if (takes_over) SOFTRDMA_LOG("qp %#x: serving the shared XRC target from psn %#x", qpn_, rq_psn_);
   return true;
 }
 
 void Qp::AdoptTargetLocked(bool with_psn) {
-  const TargetRecord& r = *target_record_;
+  const TargetRecord& r = *target_record_.load(std::memory_order_relaxed);
   ibv_qp_attr a = r.attr;
   // The path to the initiator is found again on demand (responses go where requests came from).
   AddressVector keep = av_;
@@ -67,8 +78,9 @@ void Qp::AdoptTargetLocked(bool with_psn) {
 }
 
 void Qp::PublishTargetLocked(int mask) {
-  TargetTable::Guard tg(*target_table_);
-  TargetRecord* r = target_table_->FindLocked(qpn_);
+  TargetTable& table = *target_table();
+  TargetTable::Guard tg(table);
+  TargetRecord* r = table.FindLocked(qpn_);
   if (!r) return;
   r->attr = attr_;
   r->attr.qp_state = state_;
@@ -78,12 +90,21 @@ void Qp::PublishTargetLocked(int mask) {
 }
 
 uint32_t Qp::StopServing() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::unique_lock<std::mutex> g(mu_);
+  // A message handed to its SRQ's process is answered before we go (bounded): the successor
+  // must not take it again from the initiator and deliver it twice. Requests meanwhile wait.
+  stopping_ = true;
+  const int64_t deadline = link::NowNs() + kRelayAnswerWaitNs;
+  while (relay_.active && link::NowNs() < deadline) {
+    g.unlock();
+    hca_.Progress(true);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    g.lock();
+  }
   FlushAckLocked();
   serving_ = false;
   shut_down_ = true;  // nothing more executes here: the successor answers from this PSN on
-  // A message handed to another process and not yet answered counts as not received: the sender
-  // sends it again (it may then arrive twice).
+  // Still unanswered (its owner stalled): counted as not received, the initiator sends it again.
   return relay_.active ? relay_.psn : rq_psn_;
 }
 
@@ -134,18 +155,28 @@ std::shared_ptr<Qp> Hca::OpenTarget(Context& ctx, const std::shared_ptr<Xrcd>& x
     TargetTable::Guard g(*t);
     r = t->FindLocked(qpn);
     if (!r) return nullptr;
+    if (!ProcessAlive(r->server_pid)) {
+      // Its server was killed before it could hand the target over: gone with it.
+      t->EraseLocked(r);
+      return nullptr;
+    }
     if (t->AddHolderLocked(r, slots_.slot()) < 0) {
       *err = ENOMEM;
       return nullptr;
     }
+    // Taken while the record holds us: the slot cannot be freed between the two.
+    slots_.Hold(SlotOf(qpn));
   }
   Qp::Init init{};
   init.type = IBV_QPT_XRC_RECV;
   init.xrcd = xrcd;
   std::shared_ptr<Qp> qp = CreateQp(ctx, init, err, qpn);
   if (!qp) {
-    TargetTable::Guard g(*t);
-    if (TargetRecord* again = t->FindLocked(qpn)) t->ReleaseLocked(again);
+    {
+      TargetTable::Guard g(*t);
+      if (TargetRecord* again = t->FindLocked(qpn)) t->ReleaseLocked(again);
+    }
+    slots_.Release(SlotOf(qpn));
     return nullptr;
   }
   qp->AttachTarget(t, r);
@@ -153,13 +184,15 @@ std::shared_ptr<Qp> Hca::OpenTarget(Context& ctx, const std::shared_ptr<Xrcd>& x
 }
 
 bool Hca::CloseTarget(Qp& qp) {
-  if (--qp.handles > 0) return false;
+  const int left_here = --qp.handles;
   TargetTable* t = qp.target_table();
-  if (!t) return true;
+  if (!t) return left_here == 0;
   TargetTable::Guard g(*t);
   TargetRecord* r = t->FindLocked(qp.qpn());
-  if (!r) return true;
-  if (t->ReleaseLocked(r) == 0) {
+  if (!r) return left_here == 0;
+  const int left = t->ReleaseLocked(r);
+  if (left_here > 0) return false;
+  if (left == 0) {
     t->EraseLocked(r);
     return true;
   }
@@ -173,10 +206,11 @@ void Hca::HandOverTargets() {
     for (auto& [qpn, qp] : qps_)
       if (qp->target_table()) all.push_back(qp);
   }
-  std::map<uint16_t, uint16_t> moved;  // slot -> the successor's slot
+  // A slot reaches one process: every target of a slot goes to the same successor.
+  std::map<uint16_t, TargetRecord::Holder> moved;
   for (auto& qp : all) {
     TargetTable* t = qp->target_table();
-    uint32_t epsn = 0;
+    const uint16_t slot = SlotOf(qp->qpn());
     bool served = false;
     {
       TargetTable::Guard g(*t);
@@ -185,7 +219,7 @@ void Hca::HandOverTargets() {
       served = r->server_pid == getpid();
     }
     // Stops the QP outside the table's lock (the QP's lock comes first).
-    if (served) epsn = qp->StopServing();
+    uint32_t epsn = served ? qp->StopServing() : 0;
     TargetTable::Guard g(*t);
     TargetRecord* r = t->FindLocked(qp->qpn());
     if (!r) continue;
@@ -194,20 +228,27 @@ void Hca::HandOverTargets() {
       continue;
     }
     if (!served) continue;
-    const TargetRecord::Holder* next = t->SuccessorLocked(r);
+    const TargetRecord::Holder* next = nullptr;
+    if (auto it = moved.find(slot); it != moved.end()) {
+      for (auto& h : r->holders)
+        if (h.pid == it->second.pid) next = &h;
+    } else {
+      next = t->SuccessorLocked(r);
+    }
     if (!next) {
+      SOFTRDMA_LOG("qp %#x: no holder of the shared XRC target can take slot %u: gone", qp->qpn(),
+                   slot);
       t->EraseLocked(r);
       continue;
     }
     r->epsn = epsn;
     r->server_pid = next->pid;
     r->server_slot = next->slot;
-    uint16_t slot = static_cast<uint16_t>(qp->qpn() >> kQpIndexBits);
-    if (!moved.count(slot)) moved[slot] = next->slot;
+    moved.emplace(slot, *next);
   }
-  for (auto [slot, to] : moved) {
-    bool ok = slots_.HandOver(slot, to);
-    SOFTRDMA_LOG("slot %u handed to slot %u with its shared XRC targets: %s", slot, to,
+  for (auto& [slot, to] : moved) {
+    bool ok = slots_.HandOver(slot, to.slot);
+    SOFTRDMA_LOG("slot %u handed to slot %u with its shared XRC targets: %s", slot, to.slot,
                  ok ? "done" : "failed");
   }
 }
