@@ -262,7 +262,10 @@ int64_t Qp::RetransmitTimerLocked(int64_t now) {
     return INT64_MAX;
   }
   if (retransmit_deadline_ == INT64_MAX || now < retransmit_deadline_) return retransmit_deadline_;
-  if (repath_pending_) return retransmit_deadline_ = now + kRetransmitFloorNs;  // Repath resends
+  // No answer: a peer whose slot moved to another process (a shared XRC target handed over) may
+  // still hold the old path open while it exits; the new path is taken instead of retrying.
+  if (repath_pending_ || (av_.channel && RepathIfMovedLocked(*av_.channel)))
+    return retransmit_deadline_ = now + kRetransmitFloorNs;  // Repath resends
   if (retry_left_ <= 0) {
     FailHeadLocked(head_, IBV_WC_RETRY_EXC_ERR);
     return INT64_MAX;

@@ -42,11 +42,13 @@ std::shared_ptr<Xrcd> XrcRegistry::Open(int fd, int oflags, int* err) {
   return made;
 }
 
-uint32_t XrcRegistry::AddSrq(uint16_t slot, Srq* srq) {
+uint32_t XrcRegistry::AddSrq(uint16_t slot, Srq* srq, std::shared_ptr<Xrcd> xrcd, Cq* cq) {
   std::lock_guard<std::mutex> g(mu_);
   if (srqs_.size() >= kMaxQp) return 0;
   uint32_t srqn =
       NextFreeNumber(slot, &next_srq_index_, [this](uint32_t n) { return srqs_.count(n) != 0; });
+  // Complete before it is visible: the progress thread looks numbers up under mu_.
+  srq->MakeXrc(std::move(xrcd), cq, srqn);
   srqs_.emplace(srqn, srq);
   return srqn;
 }

@@ -15,6 +15,7 @@
 
 namespace softrdma::core {
 
+class Cq;
 class Srq;
 
 struct Xrcd {
@@ -32,9 +33,9 @@ class XrcRegistry {
   // (fd), EINVAL (unknown flags; no domain and no O_CREAT; a domain and O_EXCL).
   std::shared_ptr<Xrcd> Open(int fd, int oflags, int* err);
 
-  // XRC SRQ numbers: `slot` in the top bits, as in QP numbers, so a number names its process.
-  // 0 when the table is full.
-  uint32_t AddSrq(uint16_t slot, Srq* srq);
+  // Makes `srq` an XRC SRQ of `xrcd` completing on `cq`, and numbers it: `slot` in the top bits,
+  // as in QP numbers, so a number names its process. 0 when the table is full.
+  uint32_t AddSrq(uint16_t slot, Srq* srq, std::shared_ptr<Xrcd> xrcd, Cq* cq);
   void RemoveSrq(uint32_t srqn);
   // The XRC SRQ numbered `srqn` if it belongs to `xrcd`, else nullptr. The caller holds `mu()`
   // for as long as it uses the SRQ: an SRQ leaves the table before it is destroyed.

@@ -44,24 +44,25 @@ if ((NETNS)); then
 	SNS=$NS_B
 fi
 
-# run_case NAME [CREATE-ARGS...]
+# run_case NAME LINK [CREATE-ARGS...]: LINK "auto" (shared memory on one host) or "tcp".
 run_case() {
-	local name=$1
-	shift
+	local name=$1 link=$2
+	shift 2
 	want "$name" || return 0
 	local dir logs=$T_LOGDIR/$(_srdma_slug "$name")
 	dir=$(mktemp -d "/tmp/softrdma-xrc-XXXXXX") || return 1
 	mkdir -p "$logs"
 	local send create ra rb rc_c rc_s rc_a rc_b
+	local -a run=(env "SOFTRDMA_LINK=$link" "${SRDMA_RUN[@]}")
 	# The sender first: the creator connects its QP to the sender's.
 	srdma_spawn send "$logs/send.log" "$CASE_TMO" "$SNS" \
-		"${SRDMA_RUN[@]}" "$DEMO" send "$dir" "$PER_ROUND" A B
+		"${run[@]}" "$DEMO" send "$dir" "$PER_ROUND" A B
 	srdma_spawn create "$logs/create.log" "$CASE_TMO" "$RNS" \
-		"${SRDMA_RUN[@]}" "$DEMO" create "$dir" "$@"
+		"${run[@]}" "$DEMO" create "$dir" "$@"
 	srdma_spawn ra "$logs/recv-A.log" "$CASE_TMO" "$RNS" \
-		"${SRDMA_RUN[@]}" "$DEMO" recv "$dir" A "$PER_ROUND"
+		"${run[@]}" "$DEMO" recv "$dir" A "$PER_ROUND"
 	srdma_spawn rb "$logs/recv-B.log" "$CASE_TMO" "$RNS" \
-		"${SRDMA_RUN[@]}" "$DEMO" recv "$dir" B "$PER_ROUND" --after A
+		"${run[@]}" "$DEMO" recv "$dir" B "$PER_ROUND" --after A
 	srdma_wait_bounded "$create" "$CASE_TMO"
 	rc_c=$WAIT_RC
 	# Round 2 starts once the creator's process is gone for good.
@@ -89,7 +90,8 @@ run_case() {
 	fi
 }
 
-run_case "xrc_rcv_qp creator unregisters and exits"
-run_case "xrc_rcv_qp creator exits registered" --exit-registered
+run_case "xrc_rcv_qp creator unregisters and exits" auto
+run_case "xrc_rcv_qp creator exits registered" auto --exit-registered
+run_case "xrc_rcv_qp over the TCP link" tcp
 
 srdma_summary

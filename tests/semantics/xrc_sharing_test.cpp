@@ -532,4 +532,20 @@ TEST_F(XrcHandOver, ItsSlotStaysReachableWhenAProcessStartsAfterTheCreatorLeft) 
   EXPECT_NE(stat((slot_file + ".held").c_str(), &st), 0);
 }
 
+TEST_F(XrcHandOver, AKilledCreatorTakesTheQpWithItAndItsSenderFailsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartCreator());
+  ASSERT_NO_FATAL_FAILURE(Stream(0, 10));
+  ASSERT_NO_FATAL_FAILURE(ExpectReceived(0, 10));
+  creator.Kill();  // no exit handler: nobody takes the QP over
+  ASSERT_EQ(Post(10), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(scq, &wc, milliseconds(5000))) << "no completion: the sender hangs";
+  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << WcStr(wc);
+  EXPECT_EQ(Drain(rcq).size(), 0u);
+  // Our registration stays until we drop it; then nobody can register for the number again.
+  EXPECT_EQ(ibv_unreg_xrc_rcv_qp(dom, rcv), 0);
+  EXPECT_EQ(ibv_reg_xrc_rcv_qp(dom, rcv), EINVAL);
+  rcv = 0;
+}
+
 }  // namespace

@@ -31,14 +31,12 @@ ibv_srq* CreateSrqEx(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
                                           a->attr.max_sge ? a->attr.max_sge : 1, &srq->ibv);
   if (xrc) {
     core::Hca& hca = CoreOf(ctx).hca();
-    uint32_t srqn = hca.xrc().AddSrq(hca.lid(), srq->core.get());
-    if (srqn == 0) {
+    srq->xrcd = VerbsXrcd::From(a->xrcd);
+    srq->cq = VerbsCq::From(a->cq);
+    if (hca.xrc().AddSrq(hca.lid(), srq->core.get(), srq->xrcd->core, srq->cq->core.get()) == 0) {
       delete srq;
       return Fail<ibv_srq>(ENOMEM);
     }
-    srq->xrcd = VerbsXrcd::From(a->xrcd);
-    srq->cq = VerbsCq::From(a->cq);
-    srq->core->MakeXrc(srq->xrcd->core, srq->cq->core.get(), srqn);
     ++srq->xrcd->users;
     ++srq->cq->users;
   }
