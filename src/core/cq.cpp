@@ -49,6 +49,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 int Cq::Poll(int n, ibv_wc* out) {
   int got = PollLocked(n, out);
   if (got == 0 && n > 0 && ctx_.hca().Progress()) got = PollLocked(n, out);
+  if (got > 0) ctx_.hca().PollerActive();
   return got;
 }
 

@@ -86,6 +86,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void PollerMaySleep() {
     if (endpoint_) endpoint_->PollerMaySleep();
   }
+  void PollerActive() {
+    if (endpoint_) endpoint_->PollerActive();
+  }
   // See link::Endpoint::SecureQueuedPayloads.
   void SecureQueuedPayloads() {
     if (endpoint_) endpoint_->SecureQueuedPayloads();

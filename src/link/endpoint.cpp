@@ -639,7 +639,9 @@ void Endpoint::Impl::RunTimers() {
 void Endpoint::Impl::Claim() {
   std::lock_guard<std::mutex> g(claim_mu);
   if (claims++ > 0) return;
-  ShmAwake();  // the poller reads the rings itself: producers need not ring
+  // The poller reads the rings itself: producers need not ring. Unless it is about to sleep: the
+  // poll that follows an arm must leave the producers asked for the doorbell.
+  if (!poller_may_sleep.load(std::memory_order_relaxed)) ShmAwake();
   epoll_event ev{};
   ev.events = 0;
   ev.data.ptr = nullptr;
@@ -659,6 +661,9 @@ void Endpoint::Impl::Release() {
 
 void Endpoint::Impl::NoteShmPoll(int64_t now) {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
+  // After an arm, a poll that finds nothing is the last look before sleeping: it renews no lease
+  // (udpong's replies waited for the lease's end, ~1 ms, in about 1 of 20,000 exchanges).
+  if (poller_may_sleep.load(std::memory_order_relaxed)) return;
   shm_polled_ns.store(now, std::memory_order_relaxed);
   if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
     shm_seen_told_ns.store(now, std::memory_order_relaxed);
@@ -672,6 +677,7 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
 // doorbell and waits up to kShmPollLeaseMaxNs for the progress thread (udpong, which resends what
 // is not answered within 1 ms and then hangs on the duplicate answer, hit it within seconds).
 void Endpoint::Impl::PollerMaySleep() {
+  poller_may_sleep.store(true, std::memory_order_relaxed);
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
   shm_polled_ns.store(0, std::memory_order_relaxed);  // the lease ends with the polling
   if (!ShmPrepareSleep()) Wake();                     // records came meanwhile: serve them now
@@ -688,6 +694,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       sink.OnBatchEnd();
       RunTimers();
       progress_mu.unlock();
+      if (handled > 0) PollerActiveLocked();
       NoteShmPoll(NowNs());  // after the work: the poll that follows may be microseconds away
       return handled > 0;
     }
@@ -704,6 +711,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   if (!wait) {
     Claim();
     bool r = PollOnceClaimed();
+    if (r) PollerActiveLocked();
     Release();
     return r;
   }
@@ -890,6 +898,11 @@ std::shared_ptr<Channel> Endpoint::Datagram(const PeerAddr& peer) {
 
 bool Endpoint::PollOnce(bool wait) {
   return impl_->PollOnce(wait);
+}
+
+void Endpoint::PollerActive() {
+  if (impl_->poller_may_sleep.load(std::memory_order_relaxed))
+    impl_->poller_may_sleep.store(false, std::memory_order_relaxed);
 }
 
 void Endpoint::PollerMaySleep() {

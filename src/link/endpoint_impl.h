@@ -110,6 +110,13 @@ struct Endpoint::Impl {
   // the rings when the poller's lease runs out, and is asked now if it is parked already.
   void NoteShmPoll(int64_t now_ns);
   void PollerMaySleep();
+  // Set by PollerMaySleep (an arm), cleared by a poll that finds work: meanwhile, polls renew no
+  // lease and leave the producers ringing.
+  std::atomic<bool> poller_may_sleep{false};
+  void PollerActiveLocked() {
+    if (poller_may_sleep.load(std::memory_order_relaxed))
+      poller_may_sleep.store(false, std::memory_order_relaxed);
+  }
   std::vector<std::shared_ptr<ShmChannel>> shm_ready;  // ServeShm's scratch (progress_mu)
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
