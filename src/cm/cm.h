@@ -10,6 +10,8 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -30,6 +32,9 @@ struct CmId;
 struct CmEvent {
   rdma_cm_event pub;  // first: the application holds &pub
   uint8_t private_data[kMaxPrivateData];
+  // The id whose destruction waits for this event's rdma_ack_cm_event: set when
+  // rdma_get_cm_event hands the event out (its listener's, for a connection request).
+  CmId* counted_on = nullptr;
 };
 
 struct EventChannel {
@@ -122,6 +127,12 @@ struct CmId {
 
   std::vector<McastMembership> mcast;
 
+  // Events rdma_get_cm_event handed out for this id, and how many of them were acked:
+  // rdma_destroy_id waits until they are equal (rdma_destroy_id(3)), so an event the application
+  // still reads never names a freed id. Reported is counted under the channel queue's lock.
+  std::atomic<uint64_t> events_reported{0};
+  uint64_t events_acked = 0;  // under Cm::mu
+
   // What this id owns besides itself.
   bool owns_channel = false;
   ibv_sa_path_rec path{};
@@ -187,6 +198,7 @@ class Cm {
   std::mutex mu;
 
  private:
+  std::condition_variable acked_;  // with mu: an id's events_acked grew
   friend class Service;
   Cm() = default;
 

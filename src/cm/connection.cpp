@@ -287,6 +287,8 @@ int Cm::DestroyId(CmId* id) {
     }
     delete e;
   }
+  // Events handed out before the purge are counted (see GetEvent); none can be handed out after.
+  acked_.wait(lk, [id] { return id->events_acked >= id->events_reported.load(); });
   if (id->pub.event) delete reinterpret_cast<CmEvent*>(id->pub.event);
   EventChannel* own = id->owns_channel ? ToChannel(id->pub.channel) : nullptr;
   lk.unlock();
@@ -898,7 +900,13 @@ int Cm::SetOption(CmId* id, int level, int name, const void* val, size_t len) {
 int Cm::GetEvent(EventChannel* c, rdma_cm_event** out) {
   if (!out) return EINVAL;
   CmEvent* e = nullptr;
-  int err = c->queue.Pop(&e);
+  // Counted while the queue is locked: DestroyId purges the queue before it reads the count, so
+  // an event is either purged or counted, never handed out with its id freed.
+  int err = c->queue.Pop(&e, [](CmEvent* taken) {
+    rdma_cm_id* owner = taken->pub.listen_id ? taken->pub.listen_id : taken->pub.id;
+    taken->counted_on = ToId(owner);
+    taken->counted_on->events_reported.fetch_add(1);
+  });
   if (err) return err;
   *out = &e->pub;
   return 0;
@@ -906,7 +914,13 @@ int Cm::GetEvent(EventChannel* c, rdma_cm_event** out) {
 
 int Cm::AckEvent(rdma_cm_event* e) {
   if (!e) return EINVAL;
-  delete reinterpret_cast<CmEvent*>(e);
+  auto* ev = reinterpret_cast<CmEvent*>(e);
+  if (ev->counted_on) {
+    std::lock_guard<std::mutex> g(mu);
+    ++ev->counted_on->events_acked;
+    acked_.notify_all();
+  }
+  delete ev;
   return 0;
 }
 

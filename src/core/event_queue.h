@@ -44,6 +44,13 @@ class EventQueue {
   // while a reader was inside Pop (it cannot take those counts back then, see Purge). A reader
   // whose count turns out to be stale finds the queue empty and waits again.
   int Pop(T* out) {
+    return Pop(out, [](const T&) {});
+  }
+
+  // As Pop, and `on_take` sees the item under the queue's lock: whatever it records is ordered
+  // before a Purge that did not find the item (rdma_get_cm_event counts an event so).
+  template <typename OnTake>
+  int Pop(T* out, OnTake on_take) {
     {
       std::lock_guard<std::mutex> g(mu_);
       ++readers_;
@@ -66,6 +73,7 @@ class EventQueue {
       --readers_;
       *out = items_.front();
       items_.pop_front();
+      on_take(*out);
       return 0;
     }
   }
