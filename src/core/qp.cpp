@@ -288,6 +288,7 @@ void Qp::EnterErrorLocked() {
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
   ack_pending_ = false;
+  ResumeWaitingLocked();
   if (rq_) {
     for (const RecvWqe& r : rq_->Drain()) {
       ibv_wc wc{};
@@ -486,6 +487,8 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
     return EINVAL;
   }
   int r = rq_->Post(wr, bad);
+  datagram_wait_since_ = 0;
+  ResumeWaitingLocked();
   if (state_ == IBV_QPS_ERR) {
     for (const RecvWqe& w : rq_->Drain()) {
       ibv_wc wc{};
@@ -521,6 +524,7 @@ void Qp::Shutdown() {
   std::unique_lock<std::mutex> g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
+  ResumeWaitingLocked();
   PublishEndpointLocked();      // closed to direct access
   hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
@@ -645,13 +649,43 @@ void Qp::Repath(std::shared_ptr<link::Channel> ch) {
   RunRequesterLocked();
 }
 
+bool Qp::AdmitsDatagram(link::Channel& ch) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (type_ != IBV_QPT_UD || srq_ || !rq_ || shut_down_ || !ResponderActive(state_)) return true;
+  if (rq_->size() > 0) return true;
+  const int64_t now = link::NowNs();
+  if (datagram_wait_since_ == 0) datagram_wait_since_ = now;
+  // Waited long enough: this and what follows until a receive is posted go as on a NIC (dropped).
+  if (now - datagram_wait_since_ >= kDatagramWaitNs) return true;
+  std::shared_ptr<link::Channel> me = ch.shared_from_this();
+  bool known = false;
+  for (const auto& w : waiting_channels_) known = known || w.lock() == me;
+  if (!known) waiting_channels_.push_back(me);
+  if (!timer_registered_) {
+    timer_registered_ = true;
+    hca_.ArmTimer(shared_from_this());
+  }
+  return false;
+}
+
+void Qp::ResumeWaitingLocked() {
+  if (waiting_channels_.empty()) return;
+  std::vector<std::weak_ptr<link::Channel>> waiting;
+  waiting.swap(waiting_channels_);
+  for (const auto& w : waiting)
+    if (std::shared_ptr<link::Channel> ch = w.lock()) ch->Resume();
+}
+
 int64_t Qp::OnTimer(int64_t now) {
   std::lock_guard<std::mutex> g(mu_);
   if (shut_down_) {
+    ResumeWaitingLocked();
     timer_registered_ = false;
     hca_.DisarmTimer(this);
     return INT64_MAX;
   }
+  if (!waiting_channels_.empty() && now - datagram_wait_since_ >= kDatagramWaitNs)
+    ResumeWaitingLocked();
   if (rnr_resume_at_ != 0 && now >= rnr_resume_at_) {
     rnr_resume_at_ = 0;
     RunRequesterLocked();
@@ -662,6 +696,8 @@ int64_t Qp::OnTimer(int64_t now) {
   }
   int64_t next = RetransmitTimerLocked(now);
   if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
+  if (!waiting_channels_.empty() && datagram_wait_since_ + kDatagramWaitNs < next)
+    next = datagram_wait_since_ + kDatagramWaitNs;
   // The deferral deadline is checked exactly whenever timers run (every batch of inbound work and
   // every poll of an empty CQ); the wake-up that guarantees it is coarse, so ping-pong traffic,
   // whose ACKs leave with the answers, does not re-arm and fire a timer on every message.

@@ -41,4 +41,9 @@ inline Qp::RxWork& WorkOf(link::RxTarget& t) {
   return *reinterpret_cast<Qp::RxWork*>(t.scratch);
 }
 
+// States in which inbound requests execute.
+inline bool ResponderActive(ibv_qp_state s) {
+  return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
+}
+
 }  // namespace softrdma::core

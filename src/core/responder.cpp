@@ -11,14 +11,6 @@
 #include "core/qp_internal.h"
 
 namespace softrdma::core {
-namespace {
-
-bool ResponderActive(ibv_qp_state s) {
-  return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
-}
-
-}  // namespace
-
 bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
   if (xrc_srq) return xrc_srq->PopForQp(out);
   return srq_ ? srq_->PopForQp(out) : rq_ && rq_->Pop(out);

@@ -78,6 +78,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual bool frames_are_cheap() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
+  // A channel whose next frame the sink declined (FrameSink::Admits) serves it again.
+  virtual void Resume() {}
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.
   virtual PeerWindows* direct() { return nullptr; }
   // Identity the peer announced; valid once frames arrive from it.
@@ -94,6 +96,14 @@ class FrameSink {
   virtual void OnFrameHeader(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
                              RxTarget& t) = 0;
   virtual void OnFrameEnd(Channel& ch, RxTarget& t) = 0;
+  // Asked by a channel that can keep a frame where it is (a shared-memory ring) before it hands
+  // the frame over. False: not now; the frame and those behind it stay, the sender meets a full
+  // ring, and the sink calls ch.Resume() when the frame may come (a datagram whose receiver has
+  // no receive WQE yet waits for one, for a bounded time, instead of being dropped).
+  virtual bool Admits(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len) {
+    (void)ch, (void)hdr, (void)hdr_len, (void)payload_len;
+    return true;
+  }
   // The channel died between OnFrameHeader and OnFrameEnd.
   virtual void OnFrameAbort(Channel& ch, RxTarget& t) = 0;
   virtual void OnChannelClosed(Channel& ch) = 0;

@@ -559,6 +559,7 @@ void ShmChannel::ServeBuffered() {
     uint64_t avail = 0;
     const uint8_t* p = rx_.Peek(&avail);
     if (!p) break;
+    if (HeadHeld(p, avail)) break;
     uint32_t consumed = 0;
     if (!HandleRecord(p, avail, &consumed)) {
       BrokeProtocol("a record");
@@ -571,6 +572,29 @@ void ShmChannel::ServeBuffered() {
   if (dead_) return Close();
   if (frames >= kFramesPerWakeup && !rx_.Empty())
     ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
+}
+
+// Asks the sink whether the frame starting at the ring's head may come now. Records that are not
+// a well-formed frame start are left to HandleRecord to judge.
+bool ShmChannel::HeadHeld(const uint8_t* p, uint64_t avail) {
+  if (in_frame_ || !hello_done_ || peer_gone_ || avail < sizeof(ShmRecordHeader)) return false;
+  ShmRecordHeader h;
+  std::memcpy(&h, p, sizeof h);
+  if (h.kind != shm_record::kFrame || h.hdr_len == 0 || h.hdr_len > kMaxHeaderBytes ||
+      h.bytes > avail || sizeof h + h.hdr_len > h.bytes)
+    return false;
+  uint8_t hdr[kMaxHeaderBytes];
+  std::memcpy(hdr, p + sizeof h, h.hdr_len);
+  // Set before asking: a Resume from another thread after the sink's decision must clear it.
+  head_held_.store(true, std::memory_order_release);
+  if (!ep_.sink.Admits(*this, hdr, h.hdr_len, h.payload_len)) return true;
+  head_held_.store(false, std::memory_order_release);
+  return false;
+}
+
+void ShmChannel::Resume() {
+  if (!head_held_.exchange(false, std::memory_order_acq_rel)) return;
+  ep_.Wake();  // the progress thread may sleep with the held frame counted as no work
 }
 
 // Validates and handles one record the peer wrote. False: the peer broke the protocol.

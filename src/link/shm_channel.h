@@ -46,8 +46,17 @@ class ShmChannel final : public ServedChannel {
   void Close() override;
 
   // Lock-free: whether the inbound ring has records.
-  bool RxReady() const { return ready_.load(std::memory_order_acquire) && !rx_.Empty(); }
-  bool PrepareSleep() { return !ready_.load(std::memory_order_acquire) || rx_.PrepareSleep(); }
+  bool RxReady() const {
+    return ready_.load(std::memory_order_acquire) && !rx_.Empty() &&
+           !head_held_.load(std::memory_order_acquire);
+  }
+  // A held head is no work: the consumer may sleep until Resume wakes it.
+  bool PrepareSleep() {
+    if (!ready_.load(std::memory_order_acquire)) return true;
+    bool idle = rx_.PrepareSleep();
+    return idle || head_held_.load(std::memory_order_acquire);
+  }
+  void Resume() override;
   void Awake() {
     if (ready_.load(std::memory_order_acquire)) rx_.Awake();
   }
@@ -89,6 +98,7 @@ class ShmChannel final : public ServedChannel {
   void PublishLocked();
   bool WriteHelloLocked();
   bool HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed);
+  bool HeadHeld(const uint8_t* p, uint64_t avail);
   void EndFrame();
 
   Endpoint::Impl& ep_;
@@ -113,6 +123,8 @@ class ShmChannel final : public ServedChannel {
   bool dead_ = false;
   bool peer_gone_ = false;
   bool in_frame_ = false;
+  // The sink declined the frame at the ring's head (FrameSink::Admits) and has not resumed us.
+  std::atomic<bool> head_held_{false};
   RxTarget target_;
   RxCursor cursor_;
   uint64_t remaining_ = 0;
