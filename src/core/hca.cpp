@@ -10,7 +10,6 @@
 #include "core/context.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/multicast.h"
 #include "core/xrc_relay.h"
 #include "core/qp_internal.h"
 #include "link/shared_memory.h"
@@ -258,17 +257,6 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
   }
   t.hold = std::static_pointer_cast<FrameReceiver>(qp);
   qp->RxHeader(ch, p, t);
-}
-
-// Only a datagram for one QP can wait (its QP decides); anything else comes at once, and what is
-// malformed is left for OnFrameHeader to refuse.
-bool Hca::Admits(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len) {
-  Packet p{};
-  if (!ParseFrame(hdr, hdr_len, payload_len, &p)) return true;
-  if (OpTransport(p.bth->opcode) != op::kUd || (p.info->mask & kIsRelay)) return true;
-  if (p.bth->qpn() == kMulticastQpn) return true;
-  std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
-  return !qp || qp->AdmitsDatagram(ch);
 }
 
 // `hold` is always set as a FrameReceiver, so the cast back is exact.

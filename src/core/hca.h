@@ -104,7 +104,6 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
                      link::RxTarget& t) override;
   void OnFrameEnd(link::Channel& ch, link::RxTarget& t) override;
-  bool Admits(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len) override;
   void OnFrameAbort(link::Channel& ch, link::RxTarget& t) override;
   void OnChannelClosed(link::Channel& ch) override;
   void OnBatchEnd() override;

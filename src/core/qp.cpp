@@ -552,9 +552,10 @@ void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   if (w.is_response)
     RxResponseHeader(ch, p, t);
   else if (type_ == IBV_QPT_UD)
-    RxUdHeader(p, t);
+    RxUdHeader(ch, p, t);
   else
     RxRequestHeader(ch, p, t);
+  if (t.wait) --rx_active_;  // the channel keeps the frame: no RxEnd follows
 }
 
 void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
@@ -649,14 +650,12 @@ void Qp::Repath(std::shared_ptr<link::Channel> ch) {
   RunRequesterLocked();
 }
 
-bool Qp::AdmitsDatagram(link::Channel& ch) {
-  std::lock_guard<std::mutex> g(mu_);
-  if (type_ != IBV_QPT_UD || srq_ || !rq_ || shut_down_ || !ResponderActive(state_)) return true;
-  if (rq_->size() > 0) return true;
+bool Qp::WaitForReceiveLocked(link::Channel& ch) {
+  if (srq_) return false;
   const int64_t now = link::NowNs();
   if (datagram_wait_since_ == 0) datagram_wait_since_ = now;
   // Waited long enough: this and what follows until a receive is posted go as on a NIC (dropped).
-  if (now - datagram_wait_since_ >= kDatagramWaitNs) return true;
+  if (now - datagram_wait_since_ >= kDatagramWaitNs || !ch.Hold()) return false;
   std::shared_ptr<link::Channel> me = ch.shared_from_this();
   bool known = false;
   for (const auto& w : waiting_channels_) known = known || w.lock() == me;
@@ -665,7 +664,7 @@ bool Qp::AdmitsDatagram(link::Channel& ch) {
     timer_registered_ = true;
     hca_.ArmTimer(shared_from_this());
   }
-  return false;
+  return true;
 }
 
 void Qp::ResumeWaitingLocked() {

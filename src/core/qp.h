@@ -126,11 +126,6 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void RxAbort(link::RxTarget& t) override;
   // XRC_RECV: the SRQ's owner answered the message this target relayed to it (AETH syndrome).
   void OnRelayAnswer(uint32_t psn, uint8_t syndrome);
-  // A datagram for this UD QP is at the head of `ch`'s ring: true when it may come now. A QP with
-  // no receive WQE keeps it there up to kDatagramWaitNs (and resumes the channel when a receive is
-  // posted): a sender faster than its receiver then meets a full ring instead of losing what the
-  // receiver would have taken a moment later, as a socket buffer holds datagrams for a reader.
-  bool AdmitsDatagram(link::Channel& ch);
   // `ch` closed. When it was this QP's path to a peer whose slot moved to another process (a
   // shared XRC target handed over, xrc_targets.h), the path is resolved again (Repath).
   void OnChannelClosed(link::Channel& ch);
@@ -198,7 +193,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // responder.cpp
   void RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
   void RxRequestEnd(link::Channel& ch, RxWork& w);
-  void RxUdHeader(const Packet& p, link::RxTarget& t);
+  void RxUdHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
   bool TakeRecvLocked(Srq* xrc_srq, RecvWqe* out);
   // Completes `wc` on the receive CQ, or on the CQ of XRC SRQ `xrc_srqn` unless it is gone.
   void PushRecvCompletionLocked(uint32_t xrc_srqn, const ibv_wc& wc, bool solicited);
@@ -283,6 +278,11 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   static constexpr int64_t kDatagramWaitNs = 5'000'000;
   int64_t datagram_wait_since_ = 0;  // non-zero: a datagram waits (or waited) for a WQE
   std::vector<std::weak_ptr<link::Channel>> waiting_channels_;
+  // A datagram that finds no receive WQE: true when it waits in `ch` for one (up to
+  // kDatagramWaitNs; ibv_post_recv resumes the channel). A sender faster than its receiver then
+  // meets a full ring instead of losing what the receiver would take a moment later, as a socket
+  // buffer holds datagrams for its reader.
+  bool WaitForReceiveLocked(link::Channel& ch);
   void ResumeWaitingLocked();
   uint32_t rq_psn_ = 0;
   uint32_t msn_ = 0;

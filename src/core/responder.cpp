@@ -319,7 +319,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
   rq_psn_ = (psn + 1) & wire::kPsnMask;
 }
 
-void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
+void Qp::RxUdHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   RxWork& w = WorkOf(t);
   const OpInfo& info = *p.info;
   if (OpTransport(p.bth->opcode) != op::kUd || !ResponderActive(state_) || !p.grh) {
@@ -334,6 +334,10 @@ void Qp::RxUdHeader(const Packet& p, link::RxTarget& t) {
   }
   RecvWqe r;
   if (!TakeRecvLocked(nullptr, &r)) {
+    if (WaitForReceiveLocked(ch)) {
+      t.wait = true;
+      return;
+    }
     SOFTRDMA_LOG("qp %#x: UD frame dropped: no receive WQE", qpn_);
     return;
   }

@@ -694,7 +694,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       sink.OnBatchEnd();
       RunTimers();
       progress_mu.unlock();
-      if (handled > 0) PollerActiveLocked();
+      if (handled > 0) PollerActive();
       NoteShmPoll(NowNs());  // after the work: the poll that follows may be microseconds away
       return handled > 0;
     }
@@ -711,7 +711,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   if (!wait) {
     Claim();
     bool r = PollOnceClaimed();
-    if (r) PollerActiveLocked();
+    if (r) PollerActive();
     Release();
     return r;
   }
@@ -901,8 +901,7 @@ bool Endpoint::PollOnce(bool wait) {
 }
 
 void Endpoint::PollerActive() {
-  if (impl_->poller_may_sleep.load(std::memory_order_relaxed))
-    impl_->poller_may_sleep.store(false, std::memory_order_relaxed);
+  impl_->PollerActive();
 }
 
 void Endpoint::PollerMaySleep() {

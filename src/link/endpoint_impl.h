@@ -113,7 +113,7 @@ struct Endpoint::Impl {
   // Set by PollerMaySleep (an arm), cleared by a poll that finds work: meanwhile, polls renew no
   // lease and leave the producers ringing.
   std::atomic<bool> poller_may_sleep{false};
-  void PollerActiveLocked() {
+  void PollerActive() {
     if (poller_may_sleep.load(std::memory_order_relaxed))
       poller_may_sleep.store(false, std::memory_order_relaxed);
   }

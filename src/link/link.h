@@ -54,6 +54,9 @@ struct RxTarget {
   iovec seg[kMaxSegs + 1];
   int nseg = 0;
   std::shared_ptr<void> hold;  // keeps the sink's receiving object alive until the frame ends
+  // Set by the sink in OnFrameHeader after Channel::Hold: the channel keeps the frame (nothing of
+  // it is delivered, no OnFrameEnd) and hands it over again once resumed.
+  bool wait = false;
   // Sink-private per-frame state (the core keeps the receive WQE a message took here).
   alignas(8) unsigned char scratch[704] = {};
   void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
@@ -78,7 +81,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual bool frames_are_cheap() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
-  // A channel whose next frame the sink declined (FrameSink::Admits) serves it again.
+  // Frame flow control, for channels that can leave a frame where it is (a shared-memory ring).
+  // Hold: true when the channel can keep the frame now being offered, and will until Resume (the
+  // sink then sets RxTarget::wait); the frames behind it wait too and the sender meets a full
+  // ring. A datagram whose QP has no receive WQE waits so, for a bounded time.
+  virtual bool Hold() { return false; }
   virtual void Resume() {}
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.
   virtual PeerWindows* direct() { return nullptr; }
@@ -96,14 +103,6 @@ class FrameSink {
   virtual void OnFrameHeader(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
                              RxTarget& t) = 0;
   virtual void OnFrameEnd(Channel& ch, RxTarget& t) = 0;
-  // Asked by a channel that can keep a frame where it is (a shared-memory ring) before it hands
-  // the frame over. False: not now; the frame and those behind it stay, the sender meets a full
-  // ring, and the sink calls ch.Resume() when the frame may come (a datagram whose receiver has
-  // no receive WQE yet waits for one, for a bounded time, instead of being dropped).
-  virtual bool Admits(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len) {
-    (void)ch, (void)hdr, (void)hdr_len, (void)payload_len;
-    return true;
-  }
   // The channel died between OnFrameHeader and OnFrameEnd.
   virtual void OnFrameAbort(Channel& ch, RxTarget& t) = 0;
   virtual void OnChannelClosed(Channel& ch) = 0;

@@ -559,12 +559,12 @@ void ShmChannel::ServeBuffered() {
     uint64_t avail = 0;
     const uint8_t* p = rx_.Peek(&avail);
     if (!p) break;
-    if (HeadHeld(p, avail)) break;
     uint32_t consumed = 0;
     if (!HandleRecord(p, avail, &consumed)) {
       BrokeProtocol("a record");
       break;
     }
+    if (consumed == 0) break;  // the frame at the head waits (Hold)
     rx_.Consume(consumed);
     ++frames;
   }
@@ -574,22 +574,12 @@ void ShmChannel::ServeBuffered() {
     ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
 }
 
-// Asks the sink whether the frame starting at the ring's head may come now. Records that are not
-// a well-formed frame start are left to HandleRecord to judge.
-bool ShmChannel::HeadHeld(const uint8_t* p, uint64_t avail) {
-  if (in_frame_ || !hello_done_ || peer_gone_ || avail < sizeof(ShmRecordHeader)) return false;
-  ShmRecordHeader h;
-  std::memcpy(&h, p, sizeof h);
-  if (h.kind != shm_record::kFrame || h.hdr_len == 0 || h.hdr_len > kMaxHeaderBytes ||
-      h.bytes > avail || sizeof h + h.hdr_len > h.bytes)
-    return false;
-  uint8_t hdr[kMaxHeaderBytes];
-  std::memcpy(hdr, p + sizeof h, h.hdr_len);
-  // Set before asking: a Resume from another thread after the sink's decision must clear it.
+// Called by the sink from OnFrameHeader, on this channel's serving thread; the flag is set before
+// the sink lets anyone Resume us, so a Resume is never lost.
+bool ShmChannel::Hold() {
+  if (peer_gone_) return false;  // what a departed peer left is delivered (or dropped) at once
   head_held_.store(true, std::memory_order_release);
-  if (!ep_.sink.Admits(*this, hdr, h.hdr_len, h.payload_len)) return true;
-  head_held_.store(false, std::memory_order_release);
-  return false;
+  return true;
 }
 
 void ShmChannel::Resume() {
@@ -618,7 +608,7 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
       return false;
     uint32_t fixed = FrameFixedBytes(h.hdr_len);
     if (uint64_t{fixed} + h.nref * sizeof(ShmPayloadRef) + h.data_len > h.bytes) return false;
-    if (h.nref > 0) return DeliverRefs(p, h, fixed);
+    if (h.nref > 0) return DeliverRefs(p, h, fixed, consumed);
     uint8_t hdr[kMaxHeaderBytes];
     std::memcpy(hdr, p + sizeof h, h.hdr_len);
     target_ = RxTarget{};
@@ -626,6 +616,7 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
     in_frame_ = true;
     remaining_ = h.payload_len;
     ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+    if (target_.wait) return KeepFrame(consumed);
     cursor_.Deliver(target_, p + fixed, h.data_len);
     remaining_ -= h.data_len;
   } else if (h.kind == shm_record::kChunk) {
@@ -641,7 +632,8 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
 
 // A frame record with payload references: every piece is checked before the frame is handed to
 // the sink, then copied straight from the peer's arena (or the record) into its destination.
-bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed) {
+bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed,
+                             uint32_t* consumed) {
   ShmPayloadRef refs[kShmMaxRefs];
   std::memcpy(refs, p + fixed, h.nref * sizeof(ShmPayloadRef));
   uint64_t total = 0, inline_total = 0, arena_end = 0;
@@ -671,6 +663,7 @@ bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_
   in_frame_ = true;
   remaining_ = 0;
   ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+  if (target_.wait) return KeepFrame(consumed);
   const uint8_t* data = p + fixed + h.nref * sizeof(ShmPayloadRef);
   for (int i = 0; i < h.nref; ++i) {
     if (refs[i].segment == kShmInlineSegment) {
@@ -681,6 +674,14 @@ bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_
     }
   }
   EndFrame();
+  return true;
+}
+
+// The sink made the frame at the head wait: nothing of it was delivered, and it stays in the ring.
+bool ShmChannel::KeepFrame(uint32_t* consumed) {
+  in_frame_ = false;
+  target_ = RxTarget{};
+  *consumed = 0;
   return true;
 }
 

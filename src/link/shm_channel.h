@@ -56,6 +56,7 @@ class ShmChannel final : public ServedChannel {
     bool idle = rx_.PrepareSleep();
     return idle || head_held_.load(std::memory_order_acquire);
   }
+  bool Hold() override;
   void Resume() override;
   void Awake() {
     if (ready_.load(std::memory_order_acquire)) rx_.Awake();
@@ -86,7 +87,8 @@ class ShmChannel final : public ServedChannel {
   bool ReadControl();
   void BrokeProtocol(const char* what);
   bool MapPeerArena(uint64_t need);
-  bool DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed);
+  bool DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_t fixed, uint32_t* consumed);
+  bool KeepFrame(uint32_t* consumed);
   bool MapRings(int memfd, bool connector);
   bool ReadSetup();
   void Started();
@@ -98,7 +100,6 @@ class ShmChannel final : public ServedChannel {
   void PublishLocked();
   bool WriteHelloLocked();
   bool HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed);
-  bool HeadHeld(const uint8_t* p, uint64_t avail);
   void EndFrame();
 
   Endpoint::Impl& ep_;
@@ -123,7 +124,7 @@ class ShmChannel final : public ServedChannel {
   bool dead_ = false;
   bool peer_gone_ = false;
   bool in_frame_ = false;
-  // The sink declined the frame at the ring's head (FrameSink::Admits) and has not resumed us.
+  // The frame at the ring's head waits (Hold) and has not been resumed.
   std::atomic<bool> head_held_{false};
   RxTarget target_;
   RxCursor cursor_;

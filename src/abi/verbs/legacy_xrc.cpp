@@ -3,6 +3,8 @@
 // XRC_RECV QP, and a registration one handle on it (the creator's from ibv_create_qp_ex, each
 // other's from ibv_open_qp), which the core keeps alive across processes (core/xrc_targets.h).
 #include <cerrno>
+#include <cstddef>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -12,6 +14,10 @@
 #include "infiniband/ofed_xrc.h"
 
 using namespace softrdma::abi;
+
+static_assert(offsetof(ibv_xrc_qp_init_attr, sq_sig_all) ==
+                  offsetof(ibv_qp_init_attr, sq_sig_all) &&
+              offsetof(ibv_xrc_qp_init_attr, xrc_domain) >= sizeof(ibv_qp_init_attr));
 
 namespace {
 
@@ -97,15 +103,10 @@ SOFTRDMA_EXPORT uint32_t ibv_xrc_srq_num(ibv_srq* srq) {
 
 SOFTRDMA_EXPORT ibv_qp* ibv_create_xrc_qp(ibv_pd* pd, ibv_xrc_qp_init_attr* attr) {
   if (!pd || !attr) return Fail<ibv_qp>(EINVAL);
-  // The send QP needs no domain today; its SRQs are named per work request.
-  ibv_qp_init_attr a{};
-  a.qp_context = attr->qp_context;
-  a.send_cq = attr->send_cq;
-  a.recv_cq = attr->recv_cq;
-  a.srq = attr->srq;
-  a.cap = attr->cap;
-  a.qp_type = attr->qp_type;
-  a.sq_sig_all = attr->sq_sig_all;
+  // The send QP needs no domain today (its SRQs are named per work request): the attributes
+  // before xrc_domain are today's ibv_qp_init_attr.
+  ibv_qp_init_attr a;
+  std::memcpy(&a, attr, sizeof a);
   ibv_qp* qp = ibv_create_qp(pd, &a);
   if (qp) attr->cap = a.cap;
   return qp;
