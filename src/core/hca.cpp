@@ -288,6 +288,27 @@ void Hca::OnChannelClosed(link::Channel& ch) {
     for (auto& [qpn, qp] : qps_) all.push_back(qp);
   }
   for (auto& qp : all) qp->OnChannelClosed(ch);
+  OnChannelRoom(ch);  // its datagram senders stop waiting (and lose what they send, as UD does)
+}
+
+bool Hca::AwaitRoom(Qp& qp, const std::shared_ptr<link::Channel>& ch) {
+  std::lock_guard<std::mutex> g(room_mu_);
+  if (!ch->AwaitRoom()) return false;
+  room_waiters_[ch.get()].push_back(qp.weak_from_this());
+  return true;
+}
+
+void Hca::OnChannelRoom(link::Channel& ch) {
+  std::vector<std::weak_ptr<Qp>> waiters;
+  {
+    std::lock_guard<std::mutex> g(room_mu_);
+    auto it = room_waiters_.find(&ch);
+    if (it == room_waiters_.end()) return;
+    waiters.swap(it->second);
+    room_waiters_.erase(it);
+  }
+  for (auto& w : waiters)
+    if (std::shared_ptr<Qp> qp = w.lock()) qp->OnRoom();
 }
 
 void Hca::QueueRepath(std::shared_ptr<Qp> qp) {

@@ -73,6 +73,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   bool PeerSlotMoved(const link::Channel& closed, const ibv_ah_attr& attr, uint32_t dest_qpn);
   // Resolves `qp`'s path again on the progress thread, then calls its Repath.
   void QueueRepath(std::shared_ptr<Qp> qp);
+  // A UD sender waits for room on `ch` (link::Channel::AwaitRoom): true when it must, and then
+  // `qp` hears OnRoom once there is. The caller holds the QP's lock.
+  bool AwaitRoom(Qp& qp, const std::shared_ptr<link::Channel>& ch);
 
   McastRegistry& mcast() { return mcast_; }
   // One channel and member QPN per QP attached to `mgid` anywhere on the host.
@@ -106,6 +109,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void OnFrameEnd(link::Channel& ch, link::RxTarget& t) override;
   void OnFrameAbort(link::Channel& ch, link::RxTarget& t) override;
   void OnChannelClosed(link::Channel& ch) override;
+  void OnChannelRoom(link::Channel& ch) override;
   void OnBatchEnd() override;
   int64_t OnTimers(int64_t now_ns) override;
 
@@ -130,6 +134,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   MrTable mrs_;
   XrcRegistry xrc_;
   SharedTargets targets_;
+  std::mutex room_mu_;  // after a QP's lock, before a channel's
+  std::unordered_map<const link::Channel*, std::vector<std::weak_ptr<Qp>>> room_waiters_;
   std::mutex repath_mu_;
   std::vector<std::shared_ptr<Qp>> repath_qps_;  // paths to resolve again (progress thread)
   McastRegistry mcast_;

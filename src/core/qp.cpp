@@ -257,6 +257,7 @@ void Qp::ResetLocked() {
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
+  room_wait_until_ = 0;
   if (rq_) rq_->Drain();
   rq_psn_ = sq_psn_ = msn_ = 0;
   rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
@@ -287,6 +288,7 @@ void Qp::EnterErrorLocked() {
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
+  room_wait_until_ = 0;
   ack_pending_ = false;
   ResumeWaitingLocked();
   if (rq_) {
@@ -630,6 +632,13 @@ bool Qp::RepathIfMovedLocked(const link::Channel& ch) {
   return true;
 }
 
+void Qp::OnRoom() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (room_wait_until_ == 0) return;
+  room_wait_until_ = 0;
+  RunRequesterLocked();
+}
+
 void Qp::Repath(std::shared_ptr<link::Channel> ch) {
   std::lock_guard<std::mutex> g(mu_);
   repath_pending_ = false;
@@ -689,12 +698,17 @@ int64_t Qp::OnTimer(int64_t now) {
     rnr_resume_at_ = 0;
     RunRequesterLocked();
   }
+  if (room_wait_until_ != 0 && now >= room_wait_until_) {
+    room_wait_until_ = 0;
+    RunRequesterLocked();
+  }
   if (ack_pending_ && ack_deadline_ <= now) {
     ack_defer_ = false;  // no answer came in time: this QP's traffic is not ping-pong
     FlushAckLocked();
   }
   int64_t next = RetransmitTimerLocked(now);
   if (rnr_resume_at_ != 0 && rnr_resume_at_ < next) next = rnr_resume_at_;
+  if (room_wait_until_ != 0 && room_wait_until_ < next) next = room_wait_until_;
   if (!waiting_channels_.empty() && datagram_wait_since_ + kDatagramWaitNs < next)
     next = datagram_wait_since_ + kDatagramWaitNs;
   // The deferral deadline is checked exactly whenever timers run (every batch of inbound work and

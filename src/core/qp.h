@@ -134,6 +134,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   uint32_t dest_qpn() const { return attr_.dest_qp_num; }
   // Sends everything unacknowledged again on `ch`, or fails as on a lost connection (null).
   void Repath(std::shared_ptr<link::Channel> ch);
+  // UD: the channel this QP's next datagram waits on has room again (Hca::AwaitRoom).
+  void OnRoom();
 
   void FlushAck();
   // Runs expired timers; returns the next deadline or INT64_MAX.
@@ -260,6 +262,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int retry_left_ = 0, rnr_left_ = 0;
   int64_t retransmit_deadline_ = INT64_MAX;
   int64_t rnr_resume_at_ = 0;  // non-zero while waiting out an RNR NAK
+  // UD: non-zero while the next datagram waits for room on its channel (Hca::AwaitRoom); at this
+  // time it is tried again even if no room notice came.
+  int64_t room_wait_until_ = 0;
+  static constexpr int64_t kRoomWaitNs = 1'000'000;
   bool drained_event_pending_ = false;
   bool timer_registered_ = false;
   int64_t last_rx_ns_ = 0;  // when the last inbound frame for this QP began

@@ -223,6 +223,18 @@ void Qp::RunRequesterLocked() {
         continue;
       }
     }
+    // A datagram waits while its channel is backlogged (link::kDatagramBacklogBytes).
+    if (type_ == IBV_QPT_UD && w.ah && w.ah->av.channel) {
+      if (room_wait_until_ != 0) return;
+      if (hca_.AwaitRoom(*this, w.ah->av.channel)) {
+        room_wait_until_ = link::NowNs() + kRoomWaitNs;
+        if (!timer_registered_) {
+          timer_registered_ = true;
+          hca_.ArmTimer(shared_from_this());
+        }
+        return;
+      }
+    }
     // A path that broke because its peer's slot moved on is found again, not failed.
     if (av_.channel && av_.channel->closed() && RepathIfMovedLocked(*av_.channel)) return;
     if (repath_pending_) return;

@@ -99,6 +99,7 @@ class TcpChannel final : public ServedChannel {
 
   void OnEvents(uint32_t events) override {
     if (closed()) return;
+    bool room = false;
     if (events & EPOLLOUT) {
       std::lock_guard<std::mutex> g(tx_mu_);
       if (connecting_) {
@@ -109,10 +110,39 @@ class TcpChannel final : public ServedChannel {
         connecting_ = false;
       }
       if (!broken_) FlushLocked();
+      room = room_wanted_ && (txq_.empty() || broken_);
+      if (room) room_wanted_ = false;
       UpdateInterestLocked();
     }
+    if (room) ep_.sink.OnChannelRoom(*this);
     if (broken_) return Close();
+    if ((events & (EPOLLHUP | EPOLLERR)) && held_.load(std::memory_order_acquire)) {
+      // The peer is gone: what it left is delivered (or dropped) at once, not held.
+      peer_gone_ = true;
+      Resume();
+    }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable();
+  }
+
+  // The held frame stays in the staging buffer and the socket is left unread, so the peer's
+  // stream backs up (TCP flow control) until Resume.
+  bool Hold() override {
+    if (peer_gone_ || dead_) return false;
+    held_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> g(tx_mu_);
+    UpdateInterestLocked(true);
+    return true;
+  }
+
+  // Any thread (a QP posting a receive, its timer).
+  void Resume() override {
+    if (!held_.exchange(false, std::memory_order_acq_rel)) return;
+    {
+      std::lock_guard<std::mutex> g(tx_mu_);
+      UpdateInterestLocked(true);
+    }
+    // The held frame may be all in the staging buffer, with nothing left for epoll to report.
+    ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
   }
 
   // Progress thread only.
@@ -135,6 +165,15 @@ class TcpChannel final : public ServedChannel {
   }
 
   int fd() const { return fd_; }
+
+  // The socket's own buffers absorb a burst; what waits beyond them is our queue.
+  bool AwaitRoom() override {
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (closed() || broken_ || txq_.empty()) return false;
+    room_wanted_ = true;
+    UpdateInterestLocked();
+    return true;
+  }
 
   // Frames still waiting for the socket (connecting, or the socket was full).
   bool TxPending() override {
@@ -159,12 +198,15 @@ class TcpChannel final : public ServedChannel {
     size_t total() const { return head_len + frame.payload_len; }
   };
 
-  void UpdateInterestLocked() {
-    bool want = connecting_ || !txq_.empty();
-    if (want == want_out_ || closed()) return;
+  // `reading_changed`: a hold began or ended.
+  void UpdateInterestLocked(bool reading_changed = false) {
+    // A room waiter hears of a queue that a sender's own write emptied at the next EPOLLOUT.
+    bool want = connecting_ || !txq_.empty() || room_wanted_;
+    if ((want == want_out_ && !reading_changed) || closed()) return;
     want_out_ = want;
     epoll_event ev{};
-    ev.events = EPOLLIN | (want ? uint32_t{EPOLLOUT} : 0u);
+    bool reading = !held_.load(std::memory_order_acquire);
+    ev.events = (reading ? uint32_t{EPOLLIN} : 0u) | (want ? uint32_t{EPOLLOUT} : 0u);
     ev.data.ptr = static_cast<Pollable*>(this);
     epoll_ctl(ep_.epfd, EPOLL_CTL_MOD, fd_, &ev);
   }
@@ -290,6 +332,7 @@ class TcpChannel final : public ServedChannel {
   }
 
   void OnReadable() {
+    if (held_.load(std::memory_order_acquire)) return;
     drained_ = false;
     int frames = 0;
     for (; frames < kFramesPerWakeup && !dead_;) {
@@ -329,12 +372,20 @@ class TcpChannel final : public ServedChannel {
         continue;
       }
       const uint8_t* hdr = rx_.get() + rx_begin_ + sizeof(LinkHeader);
+      const size_t frame_at = rx_begin_;
       rx_begin_ += sizeof(LinkHeader) + h.hdr_len;
       target_ = RxTarget{};
       in_frame_ = true;
       remaining_ = h.payload_len;
       cursor_ = RxCursor{};
       ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+      if (target_.wait) {
+        // Held (Hold): the frame is offered again, from its link header, once resumed.
+        rx_begin_ = frame_at;
+        in_frame_ = false;
+        target_ = RxTarget{};
+        return;
+      }
     }
     if (dead_) return Close();
     // Out of budget with bytes already read: the socket may have nothing more to report, so
@@ -352,6 +403,7 @@ class TcpChannel final : public ServedChannel {
   bool connecting_;
   bool want_out_ = true;  // registered with EPOLLOUT at creation
   bool broken_ = false;
+  bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink at the next EPOLLOUT
 
   // Receive state, progress thread only.
   std::unique_ptr<uint8_t[]> rx_;
@@ -360,6 +412,9 @@ class TcpChannel final : public ServedChannel {
   bool dead_ = false;
   bool drained_ = false;  // the last recv() returned less than it could take
   bool in_frame_ = false;
+  bool peer_gone_ = false;  // the socket hung up: nothing more is held
+  // A frame waits (Hold): the staging buffer is not served and the socket not read until Resume.
+  std::atomic<bool> held_{false};
   RxTarget target_;
   uint64_t remaining_ = 0;
   RxCursor cursor_;  // where the next payload byte of the frame goes
@@ -558,9 +613,12 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
     p->OnEvents(events[i].events);
     ++handled;
   }
-  if (!rx_pending.empty()) {
-    std::vector<std::shared_ptr<ServedChannel>> again;
+  std::vector<std::shared_ptr<ServedChannel>> again;
+  {
+    std::lock_guard<std::mutex> g(rx_pending_mu);
     again.swap(rx_pending);
+  }
+  if (!again.empty()) {
     for (auto& ch : again) {
       if (!ch->closed()) ch->ServeBuffered();
       ++handled;

@@ -66,11 +66,16 @@ struct Endpoint::Impl {
   std::map<uint16_t, std::shared_ptr<ServedChannel>> shm_outbound;  // by the peer's port
   std::set<std::shared_ptr<ServedChannel>> channels;
   std::vector<std::shared_ptr<ServedChannel>> graveyard;  // progress thread only
-  // Channels that stopped on their frame budget with frames still in their buffer; served by the
-  // next Dispatch (under progress_mu, like every reader).
+  // Channels with frames still in their buffer (they stopped on their frame budget, or a held
+  // frame was resumed); served by the next Dispatch (under progress_mu, like every reader).
+  // Any thread may add one.
+  std::mutex rx_pending_mu;
   std::vector<std::shared_ptr<ServedChannel>> rx_pending;
   void RxPending(std::shared_ptr<ServedChannel> ch) {
-    rx_pending.push_back(std::move(ch));
+    {
+      std::lock_guard<std::mutex> g(rx_pending_mu);
+      rx_pending.push_back(std::move(ch));
+    }
     Wake();
   }
 

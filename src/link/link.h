@@ -62,6 +62,11 @@ struct RxTarget {
   void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
 };
 
+// How many bytes of frames may wait between a datagram sender and its receiver: a switch port's
+// buffer. A receiver works through it in well under a millisecond (udpong, whose control messages
+// must be answered within 1 ms, took seconds behind a flood queued without bound).
+constexpr uint32_t kDatagramBacklogBytes = 16 * 1024;
+
 class Channel : public std::enable_shared_from_this<Channel> {
  public:
   virtual ~Channel() = default;
@@ -89,6 +94,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual void Resume() {}
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.
   virtual PeerWindows* direct() { return nullptr; }
+  // Datagram flow control. True when frames towards the peer are backlogged beyond
+  // kDatagramBacklogBytes; the sink then hears OnChannelRoom once the backlog has fallen below it
+  // (or the channel closed). An unreliable sender waits meanwhile, as a NIC's send queue waits for
+  // the wire, instead of queueing datagrams without bound behind a slow receiver.
+  virtual bool AwaitRoom() { return false; }
   // Identity the peer announced; valid once frames arrive from it.
   const NodeId& peer_id() const { return peer_id_; }
 
@@ -106,6 +116,8 @@ class FrameSink {
   // The channel died between OnFrameHeader and OnFrameEnd.
   virtual void OnFrameAbort(Channel& ch, RxTarget& t) = 0;
   virtual void OnChannelClosed(Channel& ch) = 0;
+  // A channel that answered AwaitRoom() true has room again (progress thread or a claimed poller).
+  virtual void OnChannelRoom(Channel& ch) = 0;
   // Called after each batch of inbound work: the place to flush coalesced acknowledgements.
   virtual void OnBatchEnd() = 0;
   // Runs due timers; returns the next deadline in CLOCK_MONOTONIC ns, or INT64_MAX.

@@ -519,14 +519,38 @@ void ShmChannel::OwnQueuedPayloads() {
   for (TxItem& t : txq_) t.frame.OwnPayload();
 }
 
+bool ShmChannel::AwaitRoom() {
+  std::lock_guard<std::mutex> g(tx_mu_);
+  if (closed()) return false;
+  if (txq_.empty() && ready_.load(std::memory_order_relaxed) &&
+      !tx_.AskForRoom(kDatagramBacklogBytes))
+    return false;
+  // A queue drains through the doorbell that FlushLocked asked for; the ring through this one.
+  room_wanted_ = true;
+  return true;
+}
+
+bool ShmChannel::RoomFreedLocked() {
+  if (!room_wanted_) return false;
+  if (closed() || (txq_.empty() && ready_.load(std::memory_order_relaxed) &&
+                   !tx_.AskForRoom(kDatagramBacklogBytes))) {
+    room_wanted_ = false;
+    return true;
+  }
+  return false;
+}
+
 void ShmChannel::OnDoorbell() {
   uint64_t v;
   ssize_t r = read(doorbell_in_, &v, sizeof v);
   (void)r;
+  bool room;
   {
     std::lock_guard<std::mutex> g(tx_mu_);
     if (!txq_.empty()) FlushLocked();
+    room = RoomFreedLocked();
   }
+  if (room) ep_.sink.OnChannelRoom(*this);
   ServeBuffered();
 }
 

@@ -41,6 +41,7 @@ class ShmChannel final : public ServedChannel {
   bool frames_are_cheap() const override { return true; }
   void OnEvents(uint32_t events) override;  // the Unix socket
   bool TxPending() override;
+  bool AwaitRoom() override;
   void OwnQueuedPayloads() override;
   void ServeBuffered() override;
   void Close() override;
@@ -115,6 +116,9 @@ class ShmChannel final : public ServedChannel {
   std::mutex tx_mu_;  // guards tx_ and txq_
   ShmRingProducer tx_;
   std::deque<TxItem> txq_;
+  bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink when there is
+  // Under tx_mu_: true when a room waiter is to be told now (the caller tells, unlocked).
+  bool RoomFreedLocked();
   bool hello_sent_ = false;
   bool arena_sent_ = false;  // our arena's descriptor went to the peer
 

@@ -140,6 +140,18 @@ class ShmRingProducer {
     return true;
   }
   bool Drained() const { return c_->head.load(std::memory_order_acquire) == tail_; }
+  // Bytes published and not yet consumed.
+  uint64_t Backlog() const { return tail_ - c_->head.load(std::memory_order_acquire); }
+  // Asks for the doorbell when the consumer frees room. False when the backlog is at most
+  // `max_backlog` already (nothing to wait for).
+  bool AskForRoom(uint64_t max_backlog) {
+    c_->producer_blocked.store(1, std::memory_order_seq_cst);
+    if (tail_ - c_->head.load(std::memory_order_seq_cst) <= max_backlog) {
+      c_->producer_blocked.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
 
  private:
   ShmRingControl* c_ = nullptr;

@@ -1,14 +1,19 @@
-// A datagram from another process on this host that finds its receiver without a receive WQE
-// stays in the shared-memory ring for a bounded time instead of being dropped at once: a sender
-// faster than a receiver that keeps reposting loses nothing (as with a socket buffer; udpong's
-// bandwidth tests lost 60-99 % of their datagrams without), and a receiver that posts nothing
-// holds up the other QPs behind it only for that bound, after which its datagrams are dropped.
+// A datagram from another process that finds its receiver without a receive WQE waits on its link
+// (in the shared-memory ring, or unread in the TCP socket) for a bounded time instead of being
+// dropped at once: a sender faster than a receiver that keeps reposting loses nothing (as with a
+// socket buffer; udpong's bandwidth tests lost 60-99 % of their datagrams without), and a receiver
+// that posts nothing holds up the other QPs behind it only for that bound, after which its
+// datagrams are dropped. A datagram sender in turn waits while its link is backlogged, as a NIC's
+// send queue waits for the wire, instead of queueing without bound behind a slow receiver.
+// Each case runs over both links.
+#include <signal.h>
+
 #include "support/semantics_harness.h"
 
 namespace semantics {
 namespace {
 
-using UdWait = VerbsTest;
+class UdWait : public VerbsTest, public ::testing::WithParamInterface<const char*> {};
 
 constexpr uint32_t kQkey = 0x22222222;
 constexpr int kFlood = 3000;
@@ -24,7 +29,8 @@ QpOpts UdOpts() {
 
 // The forked sender: `count` datagrams to the parent's first QP, then one to its second (when it
 // names one), as fast as its send queue allows; reports 'S' when all completed.
-int Sender(ChildPipe p, QpOpts o, int count) {
+int Sender(ChildPipe p, const char* link, QpOpts o, int count) {
+  ForceLink(link);
   Verbs v;
   if (!v.Open()) return 10;
   Qp* q = v.NewQp(o);
@@ -64,7 +70,7 @@ int Sender(ChildPipe p, QpOpts o, int count) {
   return 0;
 }
 
-TEST_F(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
+TEST_P(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
   QpOpts o = UdOpts();
   o.max_recv_wr = kReceives;
   Qp* me = v.NewQp(o);
@@ -73,8 +79,9 @@ TEST_F(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
   Buffer* rbuf = Buf(kReceives * 256);
   for (int i = 0; i < kReceives; ++i) ASSERT_EQ(PostRecv(me->qp, *rbuf, i * 256, 256, i), 0);
   ForkedPeer child;
-  ASSERT_TRUE(child.Start([](int up, int down) {
-    return Sender(ChildPipe{up, down}, UdOpts(), kFlood);
+  const char* link = GetParam();
+  ASSERT_TRUE(child.Start([link](int up, int down) {
+    return Sender(ChildPipe{up, down}, link, UdOpts(), kFlood);
   }));
   ASSERT_TRUE(child.Send(v.RemoteOf(me)));
   ASSERT_TRUE(child.Send(Remote{}));
@@ -100,7 +107,7 @@ TEST_F(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
   child.Send('x');
 }
 
-TEST_F(UdWait, AReceiverWithoutReceivesHoldsTheOthersOnlyForTheBound) {
+TEST_P(UdWait, AReceiverWithoutReceivesHoldsTheOthersOnlyForTheBound) {
   QpOpts o = UdOpts();
   Qp* idle = v.NewQp(o);
   Qp* busy = v.NewQp(o);
@@ -110,8 +117,9 @@ TEST_F(UdWait, AReceiverWithoutReceivesHoldsTheOthersOnlyForTheBound) {
   Buffer* rbuf = Buf(64 * 256);
   ASSERT_EQ(PostRecv(busy->qp, *rbuf, 0, 256, 1), 0);
   ForkedPeer child;
-  ASSERT_TRUE(child.Start([](int up, int down) {
-    return Sender(ChildPipe{up, down}, UdOpts(), 50);
+  const char* link = GetParam();
+  ASSERT_TRUE(child.Start([link](int up, int down) {
+    return Sender(ChildPipe{up, down}, link, UdOpts(), 50);
   }));
   ASSERT_TRUE(child.Send(v.RemoteOf(idle)));
   ASSERT_TRUE(child.Send(v.RemoteOf(busy)));
@@ -128,6 +136,95 @@ TEST_F(UdWait, AReceiverWithoutReceivesHoldsTheOthersOnlyForTheBound) {
   EXPECT_TRUE(PollN(idle->rcq, 1, milliseconds(200)).empty());
   child.Send('x');
 }
+
+// The forked receiver: one receive, 'R' once it completed; then it idles until told to exit.
+int Receiver(ChildPipe p, const char* link) {
+  ForceLink(link);
+  Verbs v;
+  if (!v.Open()) return 10;
+  QpOpts o = UdOpts();
+  Qp* q = v.NewQp(o);
+  Buffer* b = v.NewBuffer(8192);
+  if (!q || !b || BringUp(q->qp, o, Remote{})) return 11;
+  if (PostRecv(q->qp, *b, 0, 8192, 1)) return 12;
+  if (!p.Send(v.RemoteOf(q))) return 13;
+  ibv_wc wc;
+  if (!PollOne(q->rcq, &wc) || wc.status != IBV_WC_SUCCESS) return 14;
+  p.Send('R');
+  char c;
+  p.Recv(&c);
+  return 0;
+}
+
+TEST_P(UdWait, ASenderWaitsForAStoppedReceiverInsteadOfQueueingWithoutBound) {
+  // Shared memory: a 1 MiB ring takes 8 of them before the sender waits. TCP: the kernel's socket
+  // buffers take about 3.7 MB here (net.ipv4.tcp_wmem/tcp_rmem allow up to 10 MB), so the flood
+  // is larger than twice that.
+  const bool tcp = std::string(GetParam()) == "tcp";
+  const int flood = tcp ? 16000 : 2000;
+  constexpr uint32_t kSize = 2048;
+  ForkedPeer child;
+  const char* link = GetParam();
+  ASSERT_TRUE(child.Start([link](int up, int down) {
+    return Receiver(ChildPipe{up, down}, link);
+  }));
+  Remote peer;
+  ASSERT_TRUE(child.Recv(&peer));
+  QpOpts o = UdOpts();
+  o.max_send_wr = 256;
+  Qp* q = v.NewQp(o);
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(BringUp(q->qp, o, Remote{}), 0);
+  Buffer* b = Buf(kSize);
+  ibv_ah* ah = v.AhTo(peer, true);
+  ASSERT_NE(ah, nullptr);
+  uint64_t next = 0;
+  auto post = [&] {
+    SendArgs s;
+    s.wr_id = next++;
+    s.sges = {b->Sge(0, kSize)};
+    s.ah = ah;
+    s.remote_qpn = peer.qpn;
+    s.remote_qkey = kQkey;
+    return Post(q->qp, s);
+  };
+  // The path is up and the receiver has taken a datagram: what follows meets only its stop.
+  ASSERT_EQ(post(), 0);
+  ASSERT_EQ(PollN(q->scq, 1).size(), 1u);
+  char c = 0;
+  ASSERT_TRUE(child.Recv(&c));
+  ASSERT_EQ(c, 'R');
+  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  int completed = 0, outstanding = 0;
+  auto pump = [&](milliseconds budget) {
+    auto until = Clock::now() + budget;
+    while (completed < flood && Clock::now() < until) {
+      while (outstanding < static_cast<int>(o.max_send_wr) && next <= uint64_t(flood)) {
+        ASSERT_EQ(post(), 0);
+        ++outstanding;
+      }
+      ibv_wc wc[64];
+      int n = ibv_poll_cq(q->scq, 64, wc);
+      ASSERT_GE(n, 0);
+      for (int i = 0; i < n; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
+      completed += n;
+      outstanding -= n;
+      if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
+  pump(milliseconds(1000));
+  const int while_stopped = completed;
+  kill(child.pid(), SIGCONT);
+  EXPECT_LT(while_stopped, flood / 2) << "datagrams to a stopped receiver queued without bound ("
+                                      << while_stopped << " of " << flood << " completed)";
+  // Once it runs again (dropping what finds no receive WQE), the rest goes.
+  pump(milliseconds(20000));
+  EXPECT_EQ(completed, flood) << "the sender stayed blocked";
+  child.Send('x');
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, UdWait, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace semantics
