@@ -682,8 +682,12 @@ void Endpoint::Impl::Loop() {
 // Timers run under progress_mu; the timerfd (absolute CLOCK_MONOTONIC) gives them microsecond
 // precision, which a deferred ACK needs (epoll timeouts count milliseconds).
 void Endpoint::Impl::RunTimers() {
-  int64_t next = sink.OnTimers(NowNs());
-  if (next == armed_deadline) return;
+  const int64_t now = NowNs();
+  int64_t next = sink.OnTimers(now);
+  // A deadline that moved later needs no new setting while the one armed is still ahead: it fires
+  // early once and is set then. Request/response traffic moves its QPs' deadlines with every
+  // message, and a timerfd_settime per message cost ib_send_lat a system call each way.
+  if (next == armed_deadline || (next > armed_deadline && armed_deadline > now)) return;
   armed_deadline = next;
   itimerspec its{};
   if (next != INT64_MAX) {
