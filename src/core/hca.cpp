@@ -292,10 +292,12 @@ void Hca::OnChannelClosed(link::Channel& ch) {
 }
 
 bool Hca::AwaitRoom(Qp& qp, const std::shared_ptr<link::Channel>& ch) {
+  if (!ch->AwaitRoom()) return false;  // the usual case, without the registry's lock
   std::lock_guard<std::mutex> g(room_mu_);
-  if (!ch->AwaitRoom()) return false;
   room_waiters_[ch.get()].push_back(qp.weak_from_this());
-  return true;
+  // The room may have come, and been announced, before the registration: ask again now that a
+  // notice would find us (a waiter that goes on at once is told later, which OnRoom ignores).
+  return ch->AwaitRoom();
 }
 
 void Hca::OnChannelRoom(link::Channel& ch) {

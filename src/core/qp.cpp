@@ -632,6 +632,12 @@ bool Qp::RepathIfMovedLocked(const link::Channel& ch) {
   return true;
 }
 
+void Qp::RegisterTimerLocked() {
+  if (timer_registered_) return;
+  timer_registered_ = true;
+  hca_.ArmTimer(shared_from_this());
+}
+
 void Qp::OnRoom() {
   std::lock_guard<std::mutex> g(mu_);
   if (room_wait_until_ == 0) return;
@@ -669,10 +675,7 @@ bool Qp::WaitForReceiveLocked(link::Channel& ch) {
   bool known = false;
   for (const auto& w : waiting_channels_) known = known || w.lock() == me;
   if (!known) waiting_channels_.push_back(me);
-  if (!timer_registered_) {
-    timer_registered_ = true;
-    hca_.ArmTimer(shared_from_this());
-  }
+  RegisterTimerLocked();
   return true;
 }
 

@@ -268,6 +268,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   static constexpr int64_t kRoomWaitNs = 1'000'000;
   bool drained_event_pending_ = false;
   bool timer_registered_ = false;
+  // Puts this QP on the HCA's timer list (OnTimer then runs), unless it is there.
+  void RegisterTimerLocked();
   int64_t last_rx_ns_ = 0;  // when the last inbound frame for this QP began
   static constexpr int64_t kDrainQuietNs = 2'000'000;
   static constexpr int64_t kDrainMaxNs = 50'000'000;

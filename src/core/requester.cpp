@@ -228,10 +228,7 @@ void Qp::RunRequesterLocked() {
       if (room_wait_until_ != 0) return;
       if (hca_.AwaitRoom(*this, w.ah->av.channel)) {
         room_wait_until_ = link::NowNs() + kRoomWaitNs;
-        if (!timer_registered_) {
-          timer_registered_ = true;
-          hca_.ArmTimer(shared_from_this());
-        }
+        RegisterTimerLocked();
         return;
       }
     }
@@ -262,10 +259,7 @@ void Qp::ArmRetransmitLocked() {
   for (uint64_t i = head_; i < next_; ++i) bytes += sq_[i % sq_.size()].length;
   last_arm_ns_ = link::NowNs();
   retransmit_deadline_ = last_arm_ns_ + RetransmitPeriodNs(attr_.timeout, bytes);
-  if (!timer_registered_) {
-    timer_registered_ = true;
-    hca_.ArmTimer(shared_from_this());
-  }
+  RegisterTimerLocked();
 }
 
 int64_t Qp::RetransmitTimerLocked(int64_t now) {

@@ -439,10 +439,7 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     // within kAckDeferNs, or with the answer), and the timer bounds the wait.
     ReleaseHeldCompletionsLocked();
     if (ack_deadline_ == INT64_MAX) ack_deadline_ = link::NowNs() + kAckDeferNs;
-    if (!timer_registered_) {
-      timer_registered_ = true;
-      hca_.ArmTimer(shared_from_this());
-    }
+    RegisterTimerLocked();
     return;
   }
   hca_.QueueAck(shared_from_this());

@@ -119,7 +119,7 @@ class TcpChannel final : public ServedChannel {
     if ((events & (EPOLLHUP | EPOLLERR)) && held_.load(std::memory_order_acquire)) {
       // The peer is gone: what it left is delivered (or dropped) at once, not held.
       peer_gone_ = true;
-      Resume();
+      StopHolding();
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) OnReadable();
   }
@@ -136,13 +136,8 @@ class TcpChannel final : public ServedChannel {
 
   // Any thread (a QP posting a receive, its timer).
   void Resume() override {
-    if (!held_.exchange(false, std::memory_order_acq_rel)) return;
-    {
-      std::lock_guard<std::mutex> g(tx_mu_);
-      UpdateInterestLocked(true);
-    }
     // The held frame may be all in the staging buffer, with nothing left for epoll to report.
-    ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
+    if (StopHolding()) ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));
   }
 
   // Progress thread only.
@@ -197,6 +192,14 @@ class TcpChannel final : public ServedChannel {
     size_t done = 0;  // bytes of head+payload already written
     size_t total() const { return head_len + frame.payload_len; }
   };
+
+  // Ends a hold, reading the socket again. False when nothing was held.
+  bool StopHolding() {
+    if (!held_.exchange(false, std::memory_order_acq_rel)) return false;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    UpdateInterestLocked(true);
+    return true;
+  }
 
   // `reading_changed`: a hold began or ended.
   void UpdateInterestLocked(bool reading_changed = false) {

@@ -519,25 +519,24 @@ void ShmChannel::OwnQueuedPayloads() {
   for (TxItem& t : txq_) t.frame.OwnPayload();
 }
 
+// A queue drains through the doorbell that FlushLocked asked for; the ring through the one this
+// asks for.
+bool ShmChannel::BackloggedLocked() {
+  return !closed() && (!txq_.empty() || !ready_.load(std::memory_order_relaxed) ||
+                       tx_.AskForRoom(kDatagramBacklogBytes));
+}
+
 bool ShmChannel::AwaitRoom() {
   std::lock_guard<std::mutex> g(tx_mu_);
-  if (closed()) return false;
-  if (txq_.empty() && ready_.load(std::memory_order_relaxed) &&
-      !tx_.AskForRoom(kDatagramBacklogBytes))
-    return false;
-  // A queue drains through the doorbell that FlushLocked asked for; the ring through this one.
+  if (!BackloggedLocked()) return false;
   room_wanted_ = true;
   return true;
 }
 
 bool ShmChannel::RoomFreedLocked() {
-  if (!room_wanted_) return false;
-  if (closed() || (txq_.empty() && ready_.load(std::memory_order_relaxed) &&
-                   !tx_.AskForRoom(kDatagramBacklogBytes))) {
-    room_wanted_ = false;
-    return true;
-  }
-  return false;
+  if (!room_wanted_ || BackloggedLocked()) return false;
+  room_wanted_ = false;
+  return true;
 }
 
 void ShmChannel::OnDoorbell() {

@@ -117,6 +117,8 @@ class ShmChannel final : public ServedChannel {
   ShmRingProducer tx_;
   std::deque<TxItem> txq_;
   bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink when there is
+  // Under tx_mu_: more than kDatagramBacklogBytes wait for the peer (asks for the doorbell then).
+  bool BackloggedLocked();
   // Under tx_mu_: true when a room waiter is to be told now (the caller tells, unlocked).
   bool RoomFreedLocked();
   bool hello_sent_ = false;

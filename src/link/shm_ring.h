@@ -129,21 +129,12 @@ class ShmRingProducer {
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
     return true;
   }
-  // Asks for the doorbell when room frees. False when room freed meanwhile (try again now).
-  bool WaitForRoom(uint32_t bytes) {
-    c_->producer_blocked.store(1, std::memory_order_seq_cst);
-    uint64_t head = c_->head.load(std::memory_order_seq_cst);
-    if (tail_ + uint64_t{bytes} * 2 - head <= kShmRingBytes) {
-      c_->producer_blocked.store(0, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
-  }
+  // Asks for the doorbell when room for two records of `bytes` frees. False when it freed
+  // meanwhile (try again now).
+  bool WaitForRoom(uint32_t bytes) { return AskForRoom(kShmRingBytes - uint64_t{bytes} * 2); }
   bool Drained() const { return c_->head.load(std::memory_order_acquire) == tail_; }
-  // Bytes published and not yet consumed.
-  uint64_t Backlog() const { return tail_ - c_->head.load(std::memory_order_acquire); }
-  // Asks for the doorbell when the consumer frees room. False when the backlog is at most
-  // `max_backlog` already (nothing to wait for).
+  // Asks for the doorbell when the consumer frees room. False when the bytes published and not
+  // yet consumed are at most `max_backlog` already (nothing to wait for).
   bool AskForRoom(uint64_t max_backlog) {
     c_->producer_blocked.store(1, std::memory_order_seq_cst);
     if (tail_ - c_->head.load(std::memory_order_seq_cst) <= max_backlog) {
