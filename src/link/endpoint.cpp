@@ -666,6 +666,25 @@ void Endpoint::Impl::Loop() {
         if (!ShmPrepareSleep()) timeout = &wait;  // records waiting: do not sleep
       }
     }
+    // A poller holding the socket lease reads the sockets itself; look again when it runs out.
+    bool lease_ended = false;
+    if (socket_lease.load(std::memory_order_acquire)) {
+      int64_t since = NowNs() - sockets_polled_ns.load(std::memory_order_relaxed);
+      if (since < socket_lease_ns) {
+        int64_t left = socket_lease_ns - since;
+        if (!timeout || left < wait.tv_sec * 1'000'000'000 + wait.tv_nsec) {
+          wait.tv_sec = left / 1'000'000'000;
+          wait.tv_nsec = left % 1'000'000'000;
+          timeout = &wait;
+        }
+        socket_lease_ns = std::min(socket_lease_ns * 2, socket_lease_max_ns);
+      } else {
+        socket_lease_ns = socket_lease_min_ns;
+        lease_ended = EndSocketLease();
+        timeout = &wait;  // zero: serve what the lease left behind now
+        wait = {};
+      }
+    }
     int woke = epoll_pwait2(outer_fd, outer, 3, timeout, nullptr);
     if (parked.load(std::memory_order_relaxed)) {
       parked.store(false);
@@ -676,6 +695,8 @@ void Endpoint::Impl::Loop() {
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
     int n = epoll_wait(epfd, events, 64, 0);
+    if (lease_ended && n > 0)
+      socket_lease_off_until_ns.store(NowNs() + kSocketLeaseOffNs, std::memory_order_relaxed);
     Dispatch(events, n < 0 ? 0 : n);
     RunTimers();
     graveyard.clear();
@@ -724,6 +745,37 @@ void Endpoint::Impl::Release() {
   NoteShmPoll(NowNs());
 }
 
+bool Endpoint::Impl::HoldSocketLease(int64_t now) {
+  if (poller_may_sleep.load(std::memory_order_relaxed)) return false;  // about to block
+  sockets_polled_ns.store(now, std::memory_order_relaxed);
+  if (socket_lease.load(std::memory_order_relaxed)) return true;
+  if (now < socket_lease_off_until_ns.load(std::memory_order_relaxed)) return false;
+  {
+    std::lock_guard<std::mutex> g(claim_mu);
+    if (socket_lease.load(std::memory_order_relaxed)) return true;
+    socket_lease.store(true, std::memory_order_release);
+    if (claims++ == 0) {
+      epoll_event ev{};
+      epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+    }
+  }
+  Wake();  // the progress thread may sleep without a deadline: it must learn when to end the lease
+  return true;
+}
+
+bool Endpoint::Impl::EndSocketLease() {
+  if (!socket_lease.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> g(claim_mu);
+  if (!socket_lease.load(std::memory_order_relaxed)) return false;
+  socket_lease.store(false, std::memory_order_relaxed);
+  if (--claims == 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+  }
+  return true;
+}
+
 void Endpoint::Impl::NoteShmPoll(int64_t now) {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
   // After an arm, a poll that finds nothing is the last look before sleeping: it renews no lease
@@ -743,6 +795,7 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
 // is not answered within 1 ms and then hangs on the duplicate answer, hit it within seconds).
 void Endpoint::Impl::PollerMaySleep() {
   poller_may_sleep.store(true, std::memory_order_relaxed);
+  EndSocketLease();  // the progress thread serves the sockets while the poller blocks
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
   shm_polled_ns.store(0, std::memory_order_relaxed);  // the lease ends with the polling
   if (!ShmPrepareSleep()) Wake();                     // records came meanwhile: serve them now
@@ -772,6 +825,11 @@ bool Endpoint::Impl::PollOnce(bool wait) {
         loop_frames_pending.load(std::memory_order_relaxed) == 0)
       return false;
     sockets_polled_ns.store(now, std::memory_order_relaxed);
+  }
+  if (!wait && shm_count.load(std::memory_order_relaxed) == 0 && HoldSocketLease(NowNs())) {
+    bool r = PollOnceClaimed();
+    if (r) PollerActive();
+    return r;
   }
   if (!wait) {
     Claim();

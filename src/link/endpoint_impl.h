@@ -127,6 +127,29 @@ struct Endpoint::Impl {
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
   std::atomic<int64_t> sockets_polled_ns{0};
 
+  // The socket lease: a poller (of a process without shared-memory channels) keeps `epfd` disarmed
+  // beyond its poll, as a claim that the progress thread ends when no poll came for
+  // socket_lease_ns (200 us, doubling up to 1 ms while renewed) or that the poller ends when it
+  // arms a CQ. Meanwhile a poll is one epoll_wait, and frames wake no thread: claiming and
+  // releasing around each poll cost two more system calls, and a frame arriving between them woke
+  // the real-time progress thread, which preempted one of the busy processes (TCP ib_write_lat:
+  // a context switch per round trip).
+  static constexpr int64_t kSocketLeaseNs = 200'000;
+  static constexpr int64_t kSocketLeaseMaxNs = 1'000'000;
+  // A lease that ran out with frames waiting means the application waits for them elsewhere
+  // (spinning on memory for an RDMA WRITE, as riostream does): leases are then not taken for this
+  // long, and the progress thread serves sockets at once as before.
+  static constexpr int64_t kSocketLeaseOffNs = 100'000'000;
+  const int64_t socket_lease_min_ns = ShmTrustedPollNs(kSocketLeaseNs);
+  const int64_t socket_lease_max_ns = ShmTrustedPollNs(kSocketLeaseMaxNs);
+  std::atomic<bool> socket_lease{false};          // written under claim_mu
+  int64_t socket_lease_ns = socket_lease_min_ns;  // progress thread only
+  std::atomic<int64_t> socket_lease_off_until_ns{0};
+  // Takes the lease when it may; false when the poll must claim and release by itself.
+  bool HoldSocketLease(int64_t now_ns);
+  // Ends the lease; true if there was one.
+  bool EndSocketLease();
+
   std::unique_ptr<UdpLink> udp;
 
   std::mutex loop_mu;  // guards loop_frames

@@ -29,7 +29,8 @@ constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in
 // An application that polled less than this long ago is polling: its records need no doorbell.
 constexpr int64_t kShmConsumerIdleNs = 5'000;
 // `normal`, or what SOFTRDMA_SHM_TRUST_POLL_NS says: tests stretch the times a poller is trusted to
-// look again (kShmConsumerIdleNs, the poll lease) so that a race around them happens every time.
+// look again (kShmConsumerIdleNs, the poll lease, the socket lease) so that a race around them
+// happens every time.
 int64_t ShmTrustedPollNs(int64_t normal);
 
 struct alignas(64) ShmRingControl {

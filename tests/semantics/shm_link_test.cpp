@@ -296,14 +296,14 @@ TEST_F(ShmLink, AProcessThatArmsAndPollsOnceMoreIsWokenByTheNextMessage) {
 TEST(ShmLinkArming, ArmingACqEndsTheTrustInTheLastPoll) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage", 3,
-                            std::chrono::seconds(30), "SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"),
+                            std::chrono::seconds(30), {"SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"}),
             0);
 }
 
 TEST(ShmLinkArming, ThePollAfterAnArmKeepsTheProducersRinging) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatArmsAndPollsOnceMoreIsWokenByTheNextMessage", 3,
-                            std::chrono::seconds(30), "SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"),
+                            std::chrono::seconds(30), {"SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"}),
             0);
 }
 

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <initializer_list>
 #include <string>
 #include <thread>
 
@@ -31,9 +32,9 @@ constexpr bool kFreshRunsSkipped = false;
 #endif
 
 // How many of `rounds` runs of `test` (a full GoogleTest name) failed or outlived `bound`.
-// `env` ("NAME=value"), when given, is set in the fresh processes only.
+// `env` ("NAME=value" each) is set in the fresh processes only.
 inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::seconds bound,
-                           const char* env = nullptr) {
+                           std::initializer_list<const char*> env = {}) {
   int failed = 0;
   std::string filter = "--gtest_filter=" + test;
   for (int i = 0; i < rounds; ++i) {
@@ -43,7 +44,7 @@ inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::sec
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
-      if (env) putenv(const_cast<char*>(env));
+      for (const char* e : env) putenv(const_cast<char*>(e));
       execl("/proc/self/exe", "softrdma_tests", filter.c_str(), nullptr);
       _exit(127);
     }

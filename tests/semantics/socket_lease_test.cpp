@@ -1,0 +1,94 @@
+// The socket lease (architecture §4): an application thread polling an empty CQ reads the TCP
+// link's sockets itself and keeps the progress thread off them until it stops polling. Frames
+// must still be served when it stops: by the progress thread when the lease runs out, at once
+// when it arms a CQ to block. Run on the TCP link in fresh processes (SocketLeaseOnTcp below);
+// in the suite's own process they run on whatever link reaches the child.
+#include <infiniband/verbs.h>
+
+#include <poll.h>
+
+#include <gtest/gtest.h>
+
+#include "support/fresh_process.h"
+#include "support/semantics_harness.h"
+
+#include <atomic>
+#include <thread>
+
+namespace {
+
+using namespace semantics;
+
+struct Window {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+// Writes 8 bytes of 0x5a into the parent's window 300 ms after 'g' (the parent has stopped
+// polling by then), and waits for 'x'.
+int LateWriter(ChildPipe p, QpOpts o) {
+  Verbs v;
+  if (!v.Open()) return 10;
+  Qp* q = v.NewQp(o);
+  Buffer* b = v.NewBuffer(64);
+  if (!q || !b) return 11;
+  std::memset(b->data(), 0x5a, 64);
+  Remote mine = v.RemoteOf(q), theirs;
+  Window w{};
+  if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
+  if (BringUp(q->qp, o, theirs)) return 13;
+  char go;
+  if (!p.Recv(&go)) return 14;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, 1)) return 15;
+  ibv_wc wc;
+  if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
+  p.Recv(&go);
+  return 0;
+}
+
+class SocketLease : public VerbsTest {};
+
+// Polls (taking the lease), then spins on memory for a WRITE, as ib_write_lat and riostream do.
+// The lease must run out and the progress thread serve the frame; before the lease ended, nobody
+// read the socket again.
+TEST_F(SocketLease, AWriteLandsForAPollerThatTurnedToSpinningOnMemory) {
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) { return LateWriter(ChildPipe{up, down}, {}); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_TRUE(child.Send(Window{b->addr(), b->rkey()}));
+  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+  ASSERT_TRUE(child.Send('g'));
+  ibv_wc wc;
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(ibv_poll_cq(a->scq, 1, &wc), 0);
+  auto* last = reinterpret_cast<volatile uint8_t*>(b->data() + 7);
+  auto until = Clock::now() + std::chrono::seconds(3);
+  while (*last != 0x5a && Clock::now() < until) {
+  }
+  EXPECT_EQ(*last, 0x5a) << "the WRITE never landed";
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the writer's own completion went wrong";
+}
+
+// On the TCP link. The second stretches the lease to 10 s: only arming the CQ can end it there.
+TEST(SocketLeaseOnTcp, ALeaseThatRunsOutLeavesTheSocketsToTheProgressThread) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("SocketLease.AWriteLandsForAPollerThatTurnedToSpinningOnMemory", 2,
+                            std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
+TEST(SocketLeaseOnTcp, ArmingACqEndsTheLease) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage", 2,
+                            std::chrono::seconds(30),
+                            {"SOFTRDMA_LINK=tcp", "SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"}),
+            0);
+}
+
+}  // namespace
