@@ -156,6 +156,7 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   if (info.has(kHasIeth)) reinterpret_cast<wire::Ieth*>(bth + info.ieth)->Set(w.imm_or_rkey);
 
   f.payload_outlives_send = Reliable();
+  f.datagram = type_ == IBV_QPT_UD;
   if (Reliable() && ack_pending_ && ack_channel_ == av->channel) {
     // An ACK owed to the peer leaves with this request, in one write.
     link::OutFrame ack;

@@ -75,10 +75,11 @@ class TcpChannel final : public ServedChannel {
   void QueueLocked(OutFrame&& f) {
     if (closed_.load(std::memory_order_relaxed) || broken_) return;
     TxItem item;
-    EncodeLinkHeader(item.head, f.hdr_len, f.payload_len);
+    EncodeLinkHeader(item.head, f.hdr_len, f.payload_len, f.datagram ? kLinkFlagDatagram : 0);
     std::memcpy(item.head + sizeof(LinkHeader), f.hdr, f.hdr_len);
     item.head_len = static_cast<uint32_t>(sizeof(LinkHeader) + f.hdr_len);
     item.frame = std::move(f);
+    if (item.frame.datagram) dgram_sent_ += item.total();
     txq_.push_back(std::move(item));
   }
 
@@ -110,7 +111,7 @@ class TcpChannel final : public ServedChannel {
         connecting_ = false;
       }
       if (!broken_) FlushLocked();
-      room = room_wanted_ && (txq_.empty() || broken_);
+      room = room_wanted_ && (broken_ || !BackloggedLocked());
       if (room) room_wanted_ = false;
       UpdateInterestLocked();
     }
@@ -161,10 +162,12 @@ class TcpChannel final : public ServedChannel {
 
   int fd() const { return fd_; }
 
-  // The socket's own buffers absorb a burst; what waits beyond them is our queue.
+  // Datagrams the peer has not consumed are bounded as in a shared-memory ring: the sockets'
+  // buffers (megabytes) would otherwise queue a flood ahead of the next datagram (udpong's
+  // end-of-test message waited 130-310 ms behind one across namespaces, and it resends after 1 ms).
   bool AwaitRoom() override {
     std::lock_guard<std::mutex> g(tx_mu_);
-    if (closed() || broken_ || txq_.empty()) return false;
+    if (closed() || broken_ || !BackloggedLocked()) return false;
     room_wanted_ = true;
     UpdateInterestLocked();
     return true;
@@ -201,10 +204,16 @@ class TcpChannel final : public ServedChannel {
     return true;
   }
 
+  bool BackloggedLocked() const {
+    return !txq_.empty() || dgram_sent_ - dgram_credited_ > kDatagramBacklogBytes;
+  }
+
   // `reading_changed`: a hold began or ended.
   void UpdateInterestLocked(bool reading_changed = false) {
-    // A room waiter hears of a queue that a sender's own write emptied at the next EPOLLOUT.
-    bool want = connecting_ || !txq_.empty() || room_wanted_;
+    // A room waiter hears of a queue that a sender's own write emptied at the next EPOLLOUT (of
+    // credits, when the peer's credit frame comes).
+    bool want = connecting_ || !txq_.empty() ||
+                (room_wanted_ && dgram_sent_ - dgram_credited_ <= kDatagramBacklogBytes);
     if ((want == want_out_ && !reading_changed) || closed()) return;
     want_out_ = want;
     epoll_event ev{};
@@ -331,6 +340,42 @@ class TcpChannel final : public ServedChannel {
     in_frame_ = false;
     ep_.sink.OnFrameEnd(*this, target_);
     target_ = RxTarget{};
+    if (frame_dgram_bytes_ > 0) ConsumedDatagram(frame_dgram_bytes_);
+    return true;
+  }
+
+  // Tells the peer, every kCreditStepBytes, how many datagram bytes we have consumed. A sender is
+  // backlogged only while more than kDatagramBacklogBytes - kCreditStepBytes are unconsumed here,
+  // so it always hears of the room their consumption makes. A quarter of the backlog cost
+  // ib_send_bw -c UD 2 KiB a third of its bandwidth (a credit's write per two datagrams).
+  static constexpr uint64_t kCreditStepBytes = kDatagramBacklogBytes / 2;
+  void ConsumedDatagram(uint64_t bytes) {
+    dgram_consumed_ += bytes;
+    if (dgram_consumed_ - dgram_reported_ < kCreditStepBytes) return;
+    dgram_reported_ = dgram_consumed_;
+    TxItem credit;
+    EncodeCredit(credit.head, dgram_consumed_);
+    credit.head_len = kCreditFrameBytes;
+    std::lock_guard<std::mutex> g(tx_mu_);
+    if (closed() || broken_) return;
+    txq_.push_back(std::move(credit));
+    KickLocked();
+  }
+
+  // A credit from the peer. False when it is one no well-behaved peer sends.
+  bool OnCredit(uint64_t consumed) {
+    bool room = false;
+    {
+      std::lock_guard<std::mutex> g(tx_mu_);
+      if (consumed < dgram_credited_ || consumed > dgram_sent_) return false;
+      dgram_credited_ = consumed;
+      room = room_wanted_ && !BackloggedLocked();
+      if (room) {
+        room_wanted_ = false;
+        UpdateInterestLocked();
+      }
+    }
+    if (room) ep_.sink.OnChannelRoom(*this);
     return true;
   }
 
@@ -374,6 +419,15 @@ class TcpChannel final : public ServedChannel {
         if (!Fill()) break;
         continue;
       }
+      if (h.flags & kLinkFlagCredit) {
+        uint64_t consumed = DecodeCredit(rx_.get() + rx_begin_ + sizeof(LinkHeader));
+        rx_begin_ += kCreditFrameBytes;
+        ++frames;
+        if (!OnCredit(consumed)) dead_ = true;
+        continue;
+      }
+      frame_dgram_bytes_ =
+          (h.flags & kLinkFlagDatagram) ? sizeof(LinkHeader) + h.hdr_len + h.payload_len : 0;
       const uint8_t* hdr = rx_.get() + rx_begin_ + sizeof(LinkHeader);
       const size_t frame_at = rx_begin_;
       rx_begin_ += sizeof(LinkHeader) + h.hdr_len;
@@ -406,7 +460,10 @@ class TcpChannel final : public ServedChannel {
   bool connecting_;
   bool want_out_ = true;  // registered with EPOLLOUT at creation
   bool broken_ = false;
-  bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink at the next EPOLLOUT
+  bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink when there is
+  // Datagram bytes queued for the peer, and how many of them it said it consumed (credits).
+  uint64_t dgram_sent_ = 0;
+  uint64_t dgram_credited_ = 0;
 
   // Receive state, progress thread only.
   std::unique_ptr<uint8_t[]> rx_;
@@ -420,7 +477,9 @@ class TcpChannel final : public ServedChannel {
   std::atomic<bool> held_{false};
   RxTarget target_;
   uint64_t remaining_ = 0;
-  RxCursor cursor_;  // where the next payload byte of the frame goes
+  RxCursor cursor_;                 // where the next payload byte of the frame goes
+  uint64_t frame_dgram_bytes_ = 0;  // the current frame is a datagram of this many bytes
+  uint64_t dgram_consumed_ = 0, dgram_reported_ = 0;  // datagram bytes consumed, and credited
 };
 
 namespace {

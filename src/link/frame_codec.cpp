@@ -13,12 +13,29 @@ bool DecodeLinkHeader(const uint8_t* p, DecodedHeader* out) {
   if (h->hdr_len == 0 || h->hdr_len > kMaxHeaderBytes) return false;
   if (frame_len < h->hdr_len) return false;
   if (frame_len - h->hdr_len > kMaxFramePayload) return false;
+  if (h->flags & ~(kLinkFlagDatagram | kLinkFlagCredit)) return false;
+  if ((h->flags & kLinkFlagCredit) &&
+      (h->flags != kLinkFlagCredit || h->hdr_len != kCreditBytes || frame_len != kCreditBytes))
+    return false;
   out->hdr_len = h->hdr_len;
   out->payload_len = frame_len - h->hdr_len;
+  out->flags = h->flags;
   return true;
 }
 
-void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len) {
+void EncodeCredit(uint8_t* p, uint64_t consumed) {
+  EncodeLinkHeader(p, kCreditBytes, 0, kLinkFlagCredit);
+  for (uint32_t i = 0; i < kCreditBytes; ++i)
+    p[sizeof(LinkHeader) + i] = static_cast<uint8_t>(consumed >> (8 * (kCreditBytes - 1 - i)));
+}
+
+uint64_t DecodeCredit(const uint8_t* body) {
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < kCreditBytes; ++i) v = v << 8 | body[i];
+  return v;
+}
+
+void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len, uint8_t flags) {
   auto* h = reinterpret_cast<LinkHeader*>(p);
   uint32_t frame_len = hdr_len + payload_len;
   h->frame_len[0] = static_cast<uint8_t>(frame_len >> 24);
@@ -27,7 +44,8 @@ void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len) {
   h->frame_len[3] = static_cast<uint8_t>(frame_len);
   h->version = kWireVersion;
   h->hdr_len = static_cast<uint8_t>(hdr_len);
-  h->reserved[0] = h->reserved[1] = 0;
+  h->flags = flags;
+  h->reserved = 0;
 }
 
 bool DecodeHello(const uint8_t* p, NodeId* out) {

@@ -39,6 +39,8 @@ struct OutFrame {
   // True when the payload memory stays valid until the core retires the frame (an RC request
   // waits for its ACK). Otherwise a link that cannot write at once copies the payload.
   bool payload_outlives_send = false;
+  // A UD datagram: counts against the channel's datagram backlog (Channel::AwaitRoom).
+  bool datagram = false;
   std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
 
   void AddPayload(const void* p, size_t n) {

@@ -118,7 +118,7 @@ void UdpLink::OnReadable() {
     const uint8_t* p = static_cast<const uint8_t*>(iov[i].iov_base);
     size_t len = msgs[i].msg_len;
     DecodedHeader h;
-    if (len < sizeof(LinkHeader) || !DecodeLinkHeader(p, &h) ||
+    if (len < sizeof(LinkHeader) || !DecodeLinkHeader(p, &h) || (h.flags & kLinkFlagCredit) ||
         sizeof(LinkHeader) + h.hdr_len + h.payload_len != len) {
       ++dropped_;
       continue;

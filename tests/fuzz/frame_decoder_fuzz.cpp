@@ -303,10 +303,12 @@ void DecodeStream(Node& n, std::vector<uint8_t>& s) {
     CHECK(h.hdr_len >= 1 && h.hdr_len <= link::kMaxHeaderBytes);
     CHECK(h.payload_len <= link::kMaxFramePayload);
     uint8_t re[sizeof(link::LinkHeader)];
-    link::EncodeLinkHeader(re, h.hdr_len, h.payload_len);
+    link::EncodeLinkHeader(re, h.hdr_len, h.payload_len, h.flags);
     link::DecodedHeader h2;
     CHECK(link::DecodeLinkHeader(re, &h2) && h2.hdr_len == h.hdr_len &&
-          h2.payload_len == h.payload_len);
+          h2.payload_len == h.payload_len && h2.flags == h.flags);
+    CHECK(!(h.flags & link::kLinkFlagCredit) ||
+          (h.hdr_len == link::kCreditBytes && h.payload_len == 0));
     at += sizeof(link::LinkHeader);
     if (s.size() - at < h.hdr_len) return;
     std::vector<uint8_t> hdr(s.begin() + at, s.begin() + at + h.hdr_len);

@@ -39,25 +39,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Cases known to fail with the library as it is, or intermittently, each with
 # its reason; drop entries once they pass reliably.
-#   udpong with its defaults (full mode), across namespaces only: udpong
-#     resends a request whose reply is later than 1 ms, and a late reply read
-#     back into its message buffer makes it resend that stale sequence number:
-#     from then on stale replies circulate, each round trip waits behind all
-#     of them, and a lost datagram hangs it. softrdma loses none while
-#     receives are reposted (a datagram waits for its receive WQE and a
-#     sender for its link, on both links: UdWait gtests), and on one host
-#     udpong passed 5/5 plus 6/6 (2026-11-25). Across namespaces a round trip
-#     of the TCP link costs ~17 us (kernel UDP 13) and each circulating stale
-#     reply ~17 us more, so the latency tests slow down as stale replies
-#     accumulate (one per reply later than 1 ms) and past ~60 every request
-#     times out: 2/4 passed, the others ran past 120 s in the latency tests.
 # (rsockets were here until they landed; udaddy and ib_send_bw -R -c UD until
 # the link stopped stranding buffered frames, see hostile_peer_test
-# ABurstReadInOnePieceIsHandledWhole.)
+# ABurstReadInOnePieceIsHandledWhole; udpong across namespaces until the TCP
+# link bounded unconsumed datagrams by credits, see UdWait, and pollers kept
+# the sockets by a lease: udpong resends what is not answered within 1 ms,
+# and every late answer then circulates for good.)
 srdma_parse_suite_args "$@"
 
 RDMACM_XFAIL_DEFAULT=
-((NETNS)) && RDMACM_XFAIL_DEFAULT='^udpong$'
 SRDMA_XFAIL=${SOFTRDMA_TEST_XFAIL-$RDMACM_XFAIL_DEFAULT}
 
 # ---------------------------------------------------------------------------

@@ -82,7 +82,10 @@ uint64_t Get64(const uint8_t* p) {
   return uint64_t{Get32(p)} << 32 | Get32(p + 4);
 }
 
-Bytes Hello(uint8_t version = 1, const char* magic = "SRDM") {
+// The wire version these streams speak (link::kWireVersion; written out here, as a peer would).
+constexpr uint8_t kVersion = 2;
+
+Bytes Hello(uint8_t version = kVersion, const char* magic = "SRDM") {
   Bytes b(magic, magic + 4);
   b.push_back(version);
   b.insert(b.end(), 3, 0);
@@ -121,8 +124,8 @@ void AddAtomicEth(Bytes& b, uint64_t va, uint32_t rkey, uint64_t swap_add, uint6
   Put64(b, compare);
 }
 
-// LinkHeader {be32 frame_len, version, hdr_len, 0, 0} + headers + payload.
-Bytes LinkFrame(const Bytes& ib, const Bytes& payload, uint8_t version = 1) {
+// LinkHeader {be32 frame_len, version, hdr_len, flags 0, 0} + headers + payload.
+Bytes LinkFrame(const Bytes& ib, const Bytes& payload, uint8_t version = kVersion) {
   Bytes b;
   Put32(b, static_cast<uint32_t>(ib.size() + payload.size()));
   b.push_back(version);
@@ -134,13 +137,20 @@ Bytes LinkFrame(const Bytes& ib, const Bytes& payload, uint8_t version = 1) {
   return b;
 }
 
-Bytes RawLinkHeader(uint32_t frame_len, uint8_t version, uint8_t hdr_len) {
+Bytes RawLinkHeader(uint32_t frame_len, uint8_t version, uint8_t hdr_len, uint8_t flags = 0) {
   Bytes b;
   Put32(b, frame_len);
   b.push_back(version);
   b.push_back(hdr_len);
+  b.push_back(flags);
   b.push_back(0);
-  b.push_back(0);
+  return b;
+}
+
+// A credit frame (link flag 0x02): datagram bytes consumed so far.
+Bytes Credit(uint64_t consumed) {
+  Bytes b = RawLinkHeader(8, kVersion, 8, 0x02);
+  Put64(b, consumed);
   return b;
 }
 
@@ -174,7 +184,7 @@ class Peer {
     if (!Connect(port)) return false;
     uint8_t h[24];
     if (!Read(h, sizeof h)) return false;
-    if (std::memcmp(h, "SRDM", 4) != 0 || h[4] != 1) return false;
+    if (std::memcmp(h, "SRDM", 4) != 0 || h[4] != kVersion) return false;
     return Send(Hello());
   }
 
@@ -227,7 +237,7 @@ class Peer {
     if (!Read(lh, sizeof lh)) return std::nullopt;
     uint32_t frame_len = Get32(lh);
     uint8_t hdr_len = lh[5];
-    if (lh[4] != 1 || hdr_len < 20 || frame_len < hdr_len || frame_len > (1u << 24))
+    if (lh[4] != kVersion || hdr_len < 20 || frame_len < hdr_len || frame_len > (1u << 24))
       return std::nullopt;
     Bytes f(frame_len);
     if (!Read(f.data(), f.size())) return std::nullopt;
@@ -704,25 +714,32 @@ TEST_F(HostilePeer, MalformedStreamsDropTheConnectionAndTheNextIsServed) {
                    Bytes{'G', 'E', 'T',  ' ',  '/',  ' ',  'H', 'T', 'T', 'P', '/', '1',
                          '.', '1', '\r', '\n', '\r', '\n', 0,   0,   0,   0,   0,   0},
                    false});
-  cases.push_back({"hello version 2", Hello(2), false});
-  cases.push_back({"hello magic", Hello(1, "SRDX"), false});
+  cases.push_back({"hello version 1", Hello(1), false});
+  cases.push_back({"hello version 3", Hello(3), false});
+  cases.push_back({"hello magic", Hello(kVersion, "SRDX"), false});
   {
     Bytes h = Hello();
     h.resize(10);
     cases.push_back({"truncated hello", h, false, true});
   }
   cases.push_back({"link version 0", RawLinkHeader(40, 0, 20)});
-  cases.push_back({"link version 2", LinkFrame(write_hdr(0), {}, 2)});
-  cases.push_back({"hdr_len 0", RawLinkHeader(40, 1, 0)});
-  cases.push_back({"hdr_len 129", RawLinkHeader(200, 1, 129)});
-  cases.push_back({"hdr_len 255", RawLinkHeader(255, 1, 255)});
-  cases.push_back({"frame_len < hdr_len", RawLinkHeader(10, 1, 20)});
-  cases.push_back({"frame_len 0", RawLinkHeader(0, 1, 20)});
-  cases.push_back({"payload > 2 GiB", RawLinkHeader(0xffffffffu, 1, 36)});
+  cases.push_back({"link version 1", LinkFrame(write_hdr(0), {}, 1)});
+  cases.push_back({"unknown link flag", RawLinkHeader(40, kVersion, 20, 0x04)});
+  cases.push_back({"credit with 4 bytes", RawLinkHeader(4, kVersion, 4, 0x02)});
+  cases.push_back({"credit with a payload", RawLinkHeader(12, kVersion, 8, 0x02)});
+  cases.push_back({"credit that is also a datagram", RawLinkHeader(8, kVersion, 8, 0x03)});
+  // Nothing was sent to this peer as a datagram: a credit for any byte is a lie.
+  cases.push_back({"credit for datagrams never sent", Credit(1)});
+  cases.push_back({"hdr_len 0", RawLinkHeader(40, kVersion, 0)});
+  cases.push_back({"hdr_len 129", RawLinkHeader(200, kVersion, 129)});
+  cases.push_back({"hdr_len 255", RawLinkHeader(255, kVersion, 255)});
+  cases.push_back({"frame_len < hdr_len", RawLinkHeader(10, kVersion, 20)});
+  cases.push_back({"frame_len 0", RawLinkHeader(0, kVersion, 20)});
+  cases.push_back({"payload > 2 GiB", RawLinkHeader(0xffffffffu, kVersion, 36)});
   cases.push_back({"garbage after the hello", garbage});
-  cases.push_back({"truncated link header", RawLinkHeader(40, 1, 20), true, true});
+  cases.push_back({"truncated link header", RawLinkHeader(40, kVersion, 20), true, true});
   {
-    Bytes b = RawLinkHeader(40, 1, 20);
+    Bytes b = RawLinkHeader(40, kVersion, 20);
     b.resize(4);
     cases.push_back({"half a link header", b, true, true});
   }
