@@ -21,12 +21,15 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
       Cqe& e = ring_[(head_ + count_) % ring_.size()];
       e.wc = wc;
       // The completion timestamp counts on a clock that never steps (hca_core_clock is 1 GHz);
-      // the wallclock reading is the real time of day.
-      timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      e.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-      clock_gettime(CLOCK_REALTIME, &ts);
-      e.wallclock_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+      // the wallclock reading is the real time of day. Two clock readings per completion were 3 %
+      // of ib_write_bw's time at 64 KiB: CQs that cannot report them skip them.
+      if (timestamps_) {
+        timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        e.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        e.wallclock_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+      }
       ++count_;
       if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
         armed_ = kDisarmed;

@@ -26,8 +26,14 @@ struct CompChannel {
 
 class Cq {
  public:
-  Cq(Context& ctx, uint32_t depth, CompChannel* channel, void* user_handle)
-      : ctx_(ctx), channel_(channel), user_handle_(user_handle), ring_(depth + 1) {}
+  // `timestamps`: the CQ was created to report completion times (ibv_create_cq_ex with
+  // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK); only then is the clock read per completion.
+  Cq(Context& ctx, uint32_t depth, CompChannel* channel, void* user_handle, bool timestamps)
+      : ctx_(ctx),
+        channel_(channel),
+        user_handle_(user_handle),
+        timestamps_(timestamps),
+        ring_(depth + 1) {}
 
   // Adds a completion. On overflow the completion is lost, the CQ enters error and
   // IBV_EVENT_CQ_ERR is raised once; returns false.
@@ -56,6 +62,7 @@ class Cq {
   Context& ctx_;
   CompChannel* channel_;
   void* user_handle_;
+  const bool timestamps_;
   std::mutex mu_;
   std::vector<Cqe> ring_;
   size_t head_ = 0, count_ = 0;

@@ -651,6 +651,8 @@ int Endpoint::Impl::ServeShm() {
 }
 
 int Endpoint::Impl::DrainLoopback() {
+  // A std::deque allocates even when empty: a served poll paid a malloc and a free for nothing.
+  if (loop_frames_pending.load(std::memory_order_relaxed) == 0) return 0;
   std::deque<OutFrame> batch;
   {
     std::lock_guard<std::mutex> g(loop_mu);
@@ -863,7 +865,6 @@ void Endpoint::Impl::PollerMaySleep() {
 bool Endpoint::Impl::PollOnce(bool wait) {
   if (!wait && shm_count.load(std::memory_order_relaxed) > 0) {
     // Records in a ring are found without a system call; serve them before asking epoll.
-    int64_t now = NowNs();  // once per poll: the clock costs as much as the rest of an empty poll
     bool ready = ShmRxReady();
     if (ready && progress_mu.try_lock()) {
       int handled = ServeShm();
@@ -875,6 +876,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       NoteShmPoll(NowNs());  // after the work: the poll that follows may be microseconds away
       return handled > 0;
     }
+    int64_t now = NowNs();  // once per empty poll: it costs as much as the rest of one
     NoteShmPoll(now);
     if (ready) return false;
     // Sockets are asked only now and then: the three system calls of a claimed poll would delay

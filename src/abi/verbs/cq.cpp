@@ -46,7 +46,10 @@ ibv_cq_ex* CreateCqEx(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   if (attr->wc_flags & ~kWcFlags) return Fail<ibv_cq_ex>(EOPNOTSUPP);
   auto* cq = new VerbsCq{};
   VerbsCompChannel* ch = attr->channel ? VerbsCompChannel::From(attr->channel) : nullptr;
-  cq->core = std::make_unique<core::Cq>(CoreOf(ctx), attr->cqe, ch ? &ch->core : nullptr, &cq->ibv);
+  constexpr uint64_t kTimestampFlags =
+      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  cq->core = std::make_unique<core::Cq>(CoreOf(ctx), attr->cqe, ch ? &ch->core : nullptr, &cq->ibv,
+                                        (attr->wc_flags & kTimestampFlags) != 0);
   cq->wc_flags = attr->wc_flags;
   ibv_cq_ex& c = cq->ibv;
   c.context = ctx;
