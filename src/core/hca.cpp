@@ -180,7 +180,7 @@ std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qp
   SOFTRDMA_LOG("lid %u qpn %#x: %s link to %u.%u.%u.%u:%u", slot, qpn, udp ? "udp" : "tcp",
                addr->ip >> 24, (addr->ip >> 16) & 255, (addr->ip >> 8) & 255, addr->ip & 255,
                addr->port);
-  return udp ? endpoint_->Datagram(*addr) : endpoint_->Connect(*addr);
+  return udp ? endpoint_->Datagram(*addr) : endpoint_->Connect(*addr, !datagram);
 }
 
 std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> Hca::McastTargets(

@@ -87,6 +87,9 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   const OpInfo& info = Opcode(opcode);
   if (!info.valid()) return IBV_WC_LOC_QP_OP_ERR;
 
+  // Connected QPs take their path's connection at the first frame (link::Channel::Settle).
+  if (type_ != IBV_QPT_UD && av_.channel && !av_.channel->settled())
+    av_.channel = av_.channel->Settle();
   const AddressVector* av = &av_;
   uint32_t dqpn = attr_.dest_qp_num;
   if (type_ == IBV_QPT_UD) {

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -39,12 +40,54 @@ constexpr size_t kDirectReadBytes = 16 * 1024;
 constexpr int kFramesPerWakeup = 256;
 constexpr int kIovBatch = 512;
 
+uint64_t Key(const PeerAddr& a);
+void TuneSocket(int fd);
+
+// The owner of the other end of a TCP connection within this network namespace (/proc/net/tcp
+// lists both ends), or -1 when that end is elsewhere.
+int64_t PeerUid(int fd) {
+  sockaddr_in me{}, them{};
+  socklen_t l1 = sizeof me, l2 = sizeof them;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &l1) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&them), &l2) != 0)
+    return -1;
+  // The table prints addresses as the bytes in memory read as one hex word, ports in host order.
+  char want_local[32], want_remote[32];
+  snprintf(want_local, sizeof want_local, "%08X:%04X", them.sin_addr.s_addr, ntohs(them.sin_port));
+  snprintf(want_remote, sizeof want_remote, "%08X:%04X", me.sin_addr.s_addr, ntohs(me.sin_port));
+  FILE* f = fopen("/proc/net/tcp", "re");
+  if (!f) return -1;
+  char line[512];
+  int64_t uid = -1;
+  while (fgets(line, sizeof line, f)) {
+    char local[64], remote[64];
+    unsigned owner;
+    if (sscanf(line, "%*d: %63s %63s %*x %*s %*s %*s %u", local, remote, &owner) == 3 &&
+        std::strcmp(local, want_local) == 0 && std::strcmp(remote, want_remote) == 0) {
+      uid = owner;
+      break;
+    }
+  }
+  fclose(f);
+  return uid;
+}
+
 }  // namespace
 
 class TcpChannel final : public ServedChannel {
  public:
-  TcpChannel(Endpoint::Impl& ep, int fd, bool connecting)
-      : ep_(ep), fd_(fd), connecting_(connecting), rx_(new uint8_t[kRxBufferBytes]) {}
+  // A connection a peer opened to us.
+  TcpChannel(Endpoint::Impl& ep, int fd)
+      : ep_(ep), fd_(fd), connecting_(false), accepted_(true), rx_(new uint8_t[kRxBufferBytes]) {}
+  // A path to `peer` whose connection opens at its first frame (Settle).
+  TcpChannel(Endpoint::Impl& ep, const PeerAddr& peer)
+      : ep_(ep),
+        fd_(-1),
+        connecting_(true),
+        accepted_(false),
+        peer_(peer),
+        lazy_(true),
+        rx_(new uint8_t[kRxBufferBytes]) {}
   ~TcpChannel() override {
     if (fd_ >= 0) close(fd_);
   }
@@ -60,12 +103,14 @@ class TcpChannel final : public ServedChannel {
   }
 
   void Send(OutFrame&& f) override {
+    if (!settled()) return Route()->Send(std::move(f));  // a sender that did not settle first
     std::lock_guard<std::mutex> g(tx_mu_);
     QueueLocked(std::move(f));
     KickLocked();
   }
 
   void SendPair(OutFrame&& first, OutFrame&& second) override {
+    if (!settled()) return Route()->SendPair(std::move(first), std::move(second));
     std::lock_guard<std::mutex> g(tx_mu_);
     QueueLocked(std::move(first));
     QueueLocked(std::move(second));
@@ -94,8 +139,43 @@ class TcpChannel final : public ServedChannel {
     UpdateInterestLocked();
   }
 
-  bool closed() const override { return closed_.load(std::memory_order_acquire); }
+  bool closed() const override {
+    if (lazy_.load(std::memory_order_acquire)) return false;
+    if (twin_) return twin_->closed();
+    return closed_.load(std::memory_order_acquire);
+  }
   bool is_loopback() const override { return false; }
+
+  bool settled() const override { return !lazy_.load(std::memory_order_acquire) && !twin_; }
+
+  // Where this path's frames go: the peer's connection once settled on it (no lock then), else
+  // this one, opened first if it is not yet.
+  Channel* Route() {
+    if (!lazy_.load(std::memory_order_acquire)) return twin_ ? twin_.get() : this;
+    return Settle().get();  // twin_ or this: owned beyond the call
+  }
+
+  // Decided once, under the endpoint's lock: a connection the peer opened to us (its hello came)
+  // carries our frames too; else ours opens now.
+  std::shared_ptr<Channel> Settle() override {
+    std::lock_guard<std::mutex> g(ep_.mu);
+    return SettleLocked();
+  }
+  std::shared_ptr<Channel> SettleLocked() {
+    if (!lazy_.load(std::memory_order_relaxed)) return twin_ ? twin_ : shared_from_this();
+    auto it = ep_.accepted.find(Key(peer_));
+    if (it != ep_.accepted.end()) {
+      if (std::shared_ptr<ServedChannel> twin = it->second.lock(); twin && !twin->closed()) {
+        twin_ = twin;
+        lazy_.store(false, std::memory_order_release);
+        ep_.outbound[Key(peer_)] = twin;
+        return twin;
+      }
+    }
+    OpenLocked();
+    lazy_.store(false, std::memory_order_release);
+    return shared_from_this();
+  }
   void Abort() override { dead_ = true; }
 
   void OnEvents(uint32_t events) override {
@@ -166,6 +246,7 @@ class TcpChannel final : public ServedChannel {
   // buffers (megabytes) would otherwise queue a flood ahead of the next datagram (udpong's
   // end-of-test message waited 130-310 ms behind one across namespaces, and it resends after 1 ms).
   bool AwaitRoom() override {
+    if (!settled()) return Route()->AwaitRoom();
     std::lock_guard<std::mutex> g(tx_mu_);
     if (closed() || broken_ || !BackloggedLocked()) return false;
     room_wanted_ = true;
@@ -188,6 +269,53 @@ class TcpChannel final : public ServedChannel {
   }
 
  private:
+  // Opens the connection of a lazy path (the endpoint's lock held). A socket that cannot even
+  // start connecting leaves the channel closed: its frames are lost and its QPs time out.
+  void OpenLocked() {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      TuneSocket(fd);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(peer_.ip);
+      a.sin_port = htons(peer_.port);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        fd = -1;
+      }
+    }
+    if (fd < 0) {
+      closed_.store(true, std::memory_order_release);
+      return;
+    }
+    fd_ = fd;
+    auto self = std::static_pointer_cast<ServedChannel>(shared_from_this());
+    ep_.channels.insert(self);
+    RegisterPollable(ep_.epfd, fd, this, EPOLLIN | EPOLLOUT);
+    Start();
+  }
+
+  // A peer's hello on a connection it opened: paths to the endpoint it names (the port of its
+  // node id, at the address the connection comes from) may settle on this connection. A hello is
+  // only a claim: a process of this host must run as our user (it could read our memory anyway),
+  // one elsewhere must come from the address its node id names.
+  void NoteAcceptedHello() {
+    uint32_t ip = uint32_t{peer_id_.bytes[8]} << 24 | uint32_t{peer_id_.bytes[9]} << 16 |
+                  uint32_t{peer_id_.bytes[10]} << 8 | peer_id_.bytes[11];
+    uint16_t port = static_cast<uint16_t>(peer_id_.bytes[12] << 8 | peer_id_.bytes[13]);
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    if (port == 0 || getpeername(fd_, reinterpret_cast<sockaddr*>(&from), &len) != 0 ||
+        from.sin_family != AF_INET)
+      return;
+    uint32_t from_ip = ntohl(from.sin_addr.s_addr);
+    int64_t owner = PeerUid(fd_);
+    if (owner >= 0 ? owner != int64_t{geteuid()} : from_ip != ip) return;
+    std::lock_guard<std::mutex> g(ep_.mu);
+    ep_.accepted[Key(PeerAddr{from_ip, port})] =
+        std::static_pointer_cast<ServedChannel>(shared_from_this());
+  }
+
   struct TxItem {
     uint8_t head[sizeof(Hello) + sizeof(LinkHeader) + kMaxHeaderBytes];
     uint32_t head_len = 0;
@@ -404,6 +532,7 @@ class TcpChannel final : public ServedChannel {
         }
         rx_begin_ += sizeof(Hello);
         hello_done_ = true;
+        if (accepted_) NoteAcceptedHello();
         continue;
       }
       DecodedHeader h;
@@ -458,6 +587,12 @@ class TcpChannel final : public ServedChannel {
   std::mutex tx_mu_;  // guards everything tx below
   std::deque<TxItem> txq_;
   bool connecting_;
+  const bool accepted_;
+  const PeerAddr peer_{};  // a lazy path's destination
+  // A lazy path: no connection yet (Settle decides). Once settled on a peer's connection, twin_
+  // is that connection (written once, before lazy_ turns false) and carries this path's frames.
+  std::atomic<bool> lazy_{false};
+  std::shared_ptr<ServedChannel> twin_;
   bool want_out_ = true;  // registered with EPOLLOUT at creation
   bool broken_ = false;
   bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink when there is
@@ -568,6 +703,8 @@ void Endpoint::Impl::Retire(const std::shared_ptr<ServedChannel>& ch) {
   std::lock_guard<std::mutex> g(mu);
   std::erase_if(outbound, [&](const auto& kv) { return kv.second == ch; });
   std::erase_if(shm_outbound, [&](const auto& kv) { return kv.second == ch; });
+  std::erase_if(accepted,
+                [&](const auto& kv) { return kv.second.expired() || kv.second.lock() == ch; });
   if (channels.erase(ch)) graveyard.push_back(ch);
 }
 
@@ -576,7 +713,7 @@ void Endpoint::Impl::AcceptAll() {
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     TuneSocket(fd);
-    auto ch = std::make_shared<TcpChannel>(*this, fd, false);
+    auto ch = std::make_shared<TcpChannel>(*this, fd);
     {
       std::lock_guard<std::mutex> g(mu);
       channels.insert(ch);
@@ -996,29 +1133,25 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   return ep;
 }
 
-std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer) {
+std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer, bool lazy) {
   Impl& im = *impl_;
   std::lock_guard<std::mutex> g(im.mu);
   auto it = im.outbound.find(Key(peer));
   if (it != im.outbound.end() && !it->second->closed()) return it->second;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return nullptr;
-  TuneSocket(fd);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(peer.ip);
-  a.sin_port = htons(peer.port);
-  int r = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  if (r != 0 && errno != EINPROGRESS) {
-    close(fd);
-    return nullptr;
+  auto known = im.accepted.find(Key(peer));
+  if (known != im.accepted.end()) {
+    if (std::shared_ptr<ServedChannel> twin = known->second.lock(); twin && !twin->closed()) {
+      im.outbound[Key(peer)] = twin;
+      return twin;
+    }
   }
-  auto ch = std::make_shared<TcpChannel>(im, fd, true);
-  im.channels.insert(ch);
+  auto ch = std::make_shared<TcpChannel>(im, peer);  // connects at its first frame (Settle)
   im.outbound[Key(peer)] = ch;
-  RegisterPollable(im.epfd, fd, ch.get(), EPOLLIN | EPOLLOUT);
-  ch->Start();
-  return ch;
+  if (lazy) return ch;
+  std::shared_ptr<Channel> opened = ch->SettleLocked();
+  if (!opened->closed()) return opened;
+  im.outbound.erase(Key(peer));
+  return nullptr;
 }
 
 std::shared_ptr<Channel> Endpoint::ConnectShm(uint16_t port) {

@@ -29,8 +29,11 @@ class Endpoint {
   ~Endpoint();
 
   uint16_t port() const { return port_; }
-  // The connection used to reach `peer`; opened on first use, reopened after it closed.
-  std::shared_ptr<Channel> Connect(const PeerAddr& peer);
+  // The connection used to reach `peer`: ours or one the peer opened to us (its hello came), opened
+  // on first use, reopened after it closed; nullptr when it cannot even start connecting. `lazy`:
+  // the connection opens at the first frame (Channel::Settle), unless the peer's own connection to
+  // us is there by then; the paths of connected QPs are lazy, datagram paths not.
+  std::shared_ptr<Channel> Connect(const PeerAddr& peer, bool lazy);
   // The shared-memory connection to the endpoint on `port` of this network namespace (same host),
   // opened on first use; nullptr when that endpoint cannot be reached so (another user, or shared
   // memory is off: SOFTRDMA_LINK=tcp), and the caller uses Connect.

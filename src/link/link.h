@@ -101,6 +101,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // (or the channel closed). An unreliable sender waits meanwhile, as a NIC's send queue waits for
   // the wire, instead of queueing datagrams without bound behind a slow receiver.
   virtual bool AwaitRoom() { return false; }
+  // A TCP path opens its connection at the first frame rather than when it is resolved: by then the
+  // peer may have connected to us, and that one connection then carries both directions (one
+  // connection per direction made the kernel send a bare ACK for every message: TCP ib_write_lat
+  // on one host paid ~3 us per message for it). settled(): frames may go on this channel as it is;
+  // otherwise Settle() says which channel they go on from now on (this one, opened, or the peer's).
+  virtual bool settled() const { return true; }
+  virtual std::shared_ptr<Channel> Settle() { return shared_from_this(); }
   // Identity the peer announced; valid once frames arrive from it.
   const NodeId& peer_id() const { return peer_id_; }
 
