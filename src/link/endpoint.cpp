@@ -81,13 +81,7 @@ class TcpChannel final : public ServedChannel {
       : ep_(ep), fd_(fd), connecting_(false), accepted_(true), rx_(new uint8_t[kRxBufferBytes]) {}
   // A path to `peer` whose connection opens at its first frame (Settle).
   TcpChannel(Endpoint::Impl& ep, const PeerAddr& peer)
-      : ep_(ep),
-        fd_(-1),
-        connecting_(true),
-        accepted_(false),
-        peer_(peer),
-        lazy_(true),
-        rx_(new uint8_t[kRxBufferBytes]) {}
+      : ep_(ep), fd_(-1), connecting_(true), accepted_(false), peer_(peer), lazy_(true) {}
   ~TcpChannel() override {
     if (fd_ >= 0) close(fd_);
   }
@@ -163,14 +157,11 @@ class TcpChannel final : public ServedChannel {
   }
   std::shared_ptr<Channel> SettleLocked() {
     if (!lazy_.load(std::memory_order_relaxed)) return twin_ ? twin_ : shared_from_this();
-    auto it = ep_.accepted.find(Key(peer_));
-    if (it != ep_.accepted.end()) {
-      if (std::shared_ptr<ServedChannel> twin = it->second.lock(); twin && !twin->closed()) {
-        twin_ = twin;
-        lazy_.store(false, std::memory_order_release);
-        ep_.outbound[Key(peer_)] = twin;
-        return twin;
-      }
+    if (std::shared_ptr<ServedChannel> twin = ep_.AcceptedFromLocked(Key(peer_))) {
+      twin_ = twin;
+      lazy_.store(false, std::memory_order_release);
+      ep_.outbound[Key(peer_)] = twin;
+      return twin;
     }
     OpenLocked();
     lazy_.store(false, std::memory_order_release);
@@ -289,6 +280,7 @@ class TcpChannel final : public ServedChannel {
       return;
     }
     fd_ = fd;
+    rx_.reset(new uint8_t[kRxBufferBytes]);  // only now: a path may settle on the peer's instead
     auto self = std::static_pointer_cast<ServedChannel>(shared_from_this());
     ep_.channels.insert(self);
     RegisterPollable(ep_.epfd, fd, this, EPOLLIN | EPOLLOUT);
@@ -697,6 +689,13 @@ bool RegisterPollable(int epfd, int fd, Pollable* p, uint32_t events) {
   ev.events = events;
   ev.data.ptr = p;
   return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+std::shared_ptr<ServedChannel> Endpoint::Impl::AcceptedFromLocked(uint64_t key) {
+  auto it = accepted.find(key);
+  if (it == accepted.end()) return nullptr;
+  std::shared_ptr<ServedChannel> ch = it->second.lock();
+  return ch && !ch->closed() ? ch : nullptr;
 }
 
 void Endpoint::Impl::Retire(const std::shared_ptr<ServedChannel>& ch) {
@@ -1138,12 +1137,9 @@ std::shared_ptr<Channel> Endpoint::Connect(const PeerAddr& peer, bool lazy) {
   std::lock_guard<std::mutex> g(im.mu);
   auto it = im.outbound.find(Key(peer));
   if (it != im.outbound.end() && !it->second->closed()) return it->second;
-  auto known = im.accepted.find(Key(peer));
-  if (known != im.accepted.end()) {
-    if (std::shared_ptr<ServedChannel> twin = known->second.lock(); twin && !twin->closed()) {
-      im.outbound[Key(peer)] = twin;
-      return twin;
-    }
+  if (std::shared_ptr<ServedChannel> twin = im.AcceptedFromLocked(Key(peer))) {
+    im.outbound[Key(peer)] = twin;
+    return twin;
   }
   auto ch = std::make_shared<TcpChannel>(im, peer);  // connects at its first frame (Settle)
   im.outbound[Key(peer)] = ch;

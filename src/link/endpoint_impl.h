@@ -66,6 +66,7 @@ struct Endpoint::Impl {
   // Connections peers opened to us, by the IP:port their hello names (checked against the
   // socket's address): a path to that peer settles on one of them rather than opening its own.
   std::map<uint64_t, std::weak_ptr<ServedChannel>> accepted;
+  std::shared_ptr<ServedChannel> AcceptedFromLocked(uint64_t key);  // open, or nullptr
   std::map<uint16_t, std::shared_ptr<ServedChannel>> shm_outbound;  // by the peer's port
   std::set<std::shared_ptr<ServedChannel>> channels;
   std::vector<std::shared_ptr<ServedChannel>> graveyard;  // progress thread only
