@@ -1024,7 +1024,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     sockets_polled_ns.store(now, std::memory_order_relaxed);
   }
   if (!wait && shm_count.load(std::memory_order_relaxed) == 0 && HoldSocketLease(NowNs())) {
-    bool r = PollOnceClaimed();
+    bool r = PollOnceLeased();
     if (r) PollerActive();
     return r;
   }
@@ -1040,6 +1040,22 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   int n = epoll_wait(epfd, events, 64, 0);
   int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers();
+  progress_mu.unlock();
+  return handled > 0;
+}
+
+// Under the socket lease the progress thread stays off the sockets until the lease ends (at most
+// once a millisecond): the poller may hold the mutex for its epoll_wait and ask only once (the
+// claimed poll's lock-free hint and second look cost a system call more per message).
+bool Endpoint::Impl::PollOnceLeased() {
+  if (!progress_mu.try_lock()) return false;
+  epoll_event events[64];
+  int n = epoll_wait(epfd, events, 64, 0);
+  int handled = 0;
+  if (n > 0 || loop_frames_pending.load(std::memory_order_relaxed) != 0) {
+    handled = Dispatch(events, n < 0 ? 0 : n);
+    RunTimers();
+  }
   progress_mu.unlock();
   return handled > 0;
 }

@@ -173,6 +173,7 @@ struct Endpoint::Impl {
   int Dispatch(epoll_event* events, int n);
   bool PollOnce(bool wait);
   bool PollOnceClaimed();
+  bool PollOnceLeased();
   void AcceptAll();
   int DrainLoopback();
   void Retire(const std::shared_ptr<ServedChannel>& ch);
