@@ -239,7 +239,7 @@ Node* Setup() {
   if (!n->hca) Fail(("cannot start the HCA: " + err).c_str());
   n->ctx = std::make_unique<core::Context>(n->hca);
   n->pd.handle = n->hca->NewPdHandle();
-  n->cq = std::make_unique<core::Cq>(*n->ctx, 4096, nullptr, nullptr);
+  n->cq = std::make_unique<core::Cq>(*n->ctx, 4096, nullptr, nullptr, false);
   n->srq = std::make_unique<core::Srq>(*n->ctx, &n->pd, 8, 1, nullptr);
   n->mem0.reset(new uint8_t[kLen0]());
   n->mem1.reset(new uint8_t[kLen1]());

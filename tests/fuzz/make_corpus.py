@@ -2,7 +2,8 @@
 """Writes the seed corpus of frame_decoder_fuzz into tests/fuzz/corpus/ (committed output).
 
 Each seed is a TCP stream as a peer sends it: the 24-byte Hello, then frames of
-LinkHeader {be32 frame_len, u8 version=1, u8 hdr_len, u16 0} + IB headers + payload.
+LinkHeader {be32 frame_len, u8 version=2, u8 hdr_len, u8 flags, u8 0} + IB headers + payload
+(flags: 0x01 datagram, 0x02 credit, whose 8 header bytes count consumed datagram bytes).
 Destination QPNs and R_Keys are the harness's small indices (frame_decoder_fuzz.cpp):
 QPN 0 RC responder, 1 RC requester (PSNs 0..3 outstanding: SEND, WRITE, READ 16 B,
 FETCH_ADD), 2 RC in INIT, 3 UC, 4 UD (Q_Key 0x11111111), 5 RC on an SRQ, 6 none;
@@ -21,9 +22,11 @@ SEND_ONLY_INV = 0x17
 RESPONDER, REQUESTER, SINK, UCQP, UDQP, SRQQP, NOQP = range(7)
 QKEY = 0x11111111
 IOVA0, IOVA1 = 0x10000, 0x20000
+VERSION = 2
+DATAGRAM, CREDIT = 0x01, 0x02
 
 
-def hello(version=1):
+def hello(version=VERSION):
     return b"SRDM" + bytes([version, 0, 0, 0]) + bytes(range(0xE0, 0xF0))
 
 
@@ -54,8 +57,12 @@ def aeth(syndrome, msn=0):
     return bytes([syndrome]) + struct.pack(">I", msn)[1:]
 
 
-def frame(ib, payload=b"", version=1):
-    return struct.pack(">IBBH", len(ib) + len(payload), version, len(ib), 0) + ib + payload
+def frame(ib, payload=b"", version=VERSION, flags=0):
+    return struct.pack(">IBBBB", len(ib) + len(payload), version, len(ib), flags, 0) + ib + payload
+
+
+def credit(consumed):
+    return frame(struct.pack(">Q", consumed), flags=CREDIT)
 
 
 def rc(op, qpn, psn, ext=b"", payload=b""):
@@ -102,6 +109,9 @@ SEEDS = {
     "ud_send": hello()
     + frame(lrh(True) + grh_hdr() + bth(UD | SEND_ONLY, UDQP, 0, False)
             + struct.pack(">II", QKEY, 0x77), b"datagram"),
+    "ud_send_datagram": hello()
+    + frame(lrh(True) + grh_hdr() + bth(UD | SEND_ONLY, UDQP, 0, False)
+            + struct.pack(">II", QKEY, 0x77), b"counted" * 4, flags=DATAGRAM) * 3,
     "ud_send_imm": hello()
     + frame(lrh(True) + grh_hdr() + bth(UD | SEND_ONLY_IMM, UDQP, 0, False)
             + struct.pack(">II", QKEY, 0x77) + b"\x00\x00\x00\x2a", b"d" * 24),
@@ -109,9 +119,12 @@ SEEDS = {
     "unknown_qp": hello() + rc(SEND_ONLY, NOQP, 0, payload=b"nobody"),
     "truncated_payload": hello() + rc(WRITE_ONLY, RESPONDER, 0, reth(IOVA0, 0, 64), b"t" * 64)[:-30],
     # Malformed: the node drops the connection.
-    "bad_link_version": hello() + rc(SEND_ONLY, RESPONDER, 0, payload=b"v")[:4] + b"\x02" +
+    "bad_link_version": hello() + rc(SEND_ONLY, RESPONDER, 0, payload=b"v")[:4] + b"\x01" +
     rc(SEND_ONLY, RESPONDER, 0, payload=b"v")[5:],
-    "bad_hello": hello(2) + rc(SEND_ONLY, RESPONDER, 0, payload=b"v"),
+    "bad_hello": hello(1) + rc(SEND_ONLY, RESPONDER, 0, payload=b"v"),
+    # Nothing was sent to this peer as a datagram: any credit is a lie.
+    "bad_credit": hello() + credit(64) + rc(SEND_ONLY, RESPONDER, 0, payload=b"after"),
+    "bad_flags": hello() + frame(lrh() + bth(RC | SEND_ONLY, RESPONDER, 0), b"f", flags=0x80),
 }
 
 
