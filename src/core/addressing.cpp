@@ -37,9 +37,12 @@ ibv_gid MakeGid(const GidFields& f) {
 std::optional<GidFields> ParseGid(const ibv_gid& g) {
   static const uint8_t kPrefix[8] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0};
   if (std::memcmp(g.raw, kPrefix, 8) != 0) return std::nullopt;
+  link::NodeId id;
+  std::memcpy(id.bytes, g.raw, sizeof id.bytes);
+  const link::PeerAddr a = link::NodeAddress(id);
   GidFields f;
-  f.ip = uint32_t{g.raw[8]} << 24 | uint32_t{g.raw[9]} << 16 | uint32_t{g.raw[10]} << 8 | g.raw[11];
-  f.port = static_cast<uint16_t>(g.raw[12] << 8 | g.raw[13]);
+  f.ip = a.ip;
+  f.port = a.port;
   f.slot = static_cast<uint16_t>(g.raw[14] << 8 | g.raw[15]);
   if (f.ip == 0 || f.port == 0) return std::nullopt;
   return f;

@@ -292,19 +292,17 @@ class TcpChannel final : public ServedChannel {
   // only a claim: a process of this host must run as our user (it could read our memory anyway),
   // one elsewhere must come from the address its node id names.
   void NoteAcceptedHello() {
-    uint32_t ip = uint32_t{peer_id_.bytes[8]} << 24 | uint32_t{peer_id_.bytes[9]} << 16 |
-                  uint32_t{peer_id_.bytes[10]} << 8 | peer_id_.bytes[11];
-    uint16_t port = static_cast<uint16_t>(peer_id_.bytes[12] << 8 | peer_id_.bytes[13]);
+    const PeerAddr named = NodeAddress(peer_id_);
     sockaddr_in from{};
     socklen_t len = sizeof from;
-    if (port == 0 || getpeername(fd_, reinterpret_cast<sockaddr*>(&from), &len) != 0 ||
+    if (named.port == 0 || getpeername(fd_, reinterpret_cast<sockaddr*>(&from), &len) != 0 ||
         from.sin_family != AF_INET)
       return;
     uint32_t from_ip = ntohl(from.sin_addr.s_addr);
     int64_t owner = PeerUid(fd_);
-    if (owner >= 0 ? owner != int64_t{geteuid()} : from_ip != ip) return;
+    if (owner >= 0 ? owner != int64_t{geteuid()} : from_ip != named.ip) return;
     std::lock_guard<std::mutex> g(ep_.mu);
-    ep_.accepted[Key(PeerAddr{from_ip, port})] =
+    ep_.accepted[Key(PeerAddr{from_ip, named.port})] =
         std::static_pointer_cast<ServedChannel>(shared_from_this());
   }
 
@@ -847,42 +845,37 @@ void Endpoint::Impl::Loop() {
     // Shared-memory producers ring our doorbell only while we say we sleep. While an application
     // thread polls (it reads the rings itself), we do not say so: we only look again when its
     // lease runs out, so that records arriving after its last poll are not left waiting.
-    timespec wait{};
-    timespec* timeout = nullptr;  // indefinitely
+    int64_t wait_ns = -1;  // indefinitely
+    auto wait_at_most = [&wait_ns](int64_t ns) {
+      if (wait_ns < 0 || ns < wait_ns) wait_ns = ns;
+    };
+    const int64_t now = NowNs();
     if (shm_count.load(std::memory_order_relaxed) > 0) {
-      int64_t since = NowNs() - shm_polled_ns.load(std::memory_order_relaxed);
+      int64_t since = now - shm_polled_ns.load(std::memory_order_relaxed);
       if (since < shm_lease_ns) {
-        int64_t left = shm_lease_ns - since;
-        wait.tv_sec = left / 1'000'000'000;
-        wait.tv_nsec = left % 1'000'000'000;
-        timeout = &wait;
+        wait_at_most(shm_lease_ns - since);
         shm_lease_ns = std::min(shm_lease_ns * 2, shm_lease_max_ns);
       } else {
         shm_lease_ns = shm_lease_min_ns;
         parked.store(true);
-        if (!ShmPrepareSleep()) timeout = &wait;  // records waiting: do not sleep
+        if (!ShmPrepareSleep()) wait_at_most(0);  // records waiting: do not sleep
       }
     }
     // A poller holding the socket lease reads the sockets itself; look again when it runs out.
     bool lease_ended = false;
     if (socket_lease.load(std::memory_order_acquire)) {
-      int64_t since = NowNs() - sockets_polled_ns.load(std::memory_order_relaxed);
+      int64_t since = now - sockets_polled_ns.load(std::memory_order_relaxed);
       if (since < socket_lease_ns) {
-        int64_t left = socket_lease_ns - since;
-        if (!timeout || left < wait.tv_sec * 1'000'000'000 + wait.tv_nsec) {
-          wait.tv_sec = left / 1'000'000'000;
-          wait.tv_nsec = left % 1'000'000'000;
-          timeout = &wait;
-        }
+        wait_at_most(socket_lease_ns - since);
         socket_lease_ns = std::min(socket_lease_ns * 2, socket_lease_max_ns);
       } else {
         socket_lease_ns = socket_lease_min_ns;
         lease_ended = EndSocketLease();
-        timeout = &wait;  // zero: serve what the lease left behind now
-        wait = {};
+        wait_at_most(0);  // serve what the lease left behind now
       }
     }
-    int woke = epoll_pwait2(outer_fd, outer, 3, timeout, nullptr);
+    timespec wait{wait_ns / 1'000'000'000, wait_ns % 1'000'000'000};
+    int woke = epoll_pwait2(outer_fd, outer, 3, wait_ns < 0 ? nullptr : &wait, nullptr);
     if (parked.load(std::memory_order_relaxed)) {
       parked.store(false);
       ShmAwake();
@@ -925,8 +918,12 @@ void Endpoint::Impl::Claim() {
   // The poller reads the rings itself: producers need not ring. Unless it is about to sleep: the
   // poll that follows an arm must leave the producers asked for the doorbell.
   if (!poller_may_sleep.load(std::memory_order_relaxed)) ShmAwake();
+  ArmSocketsLocked(false);
+}
+
+void Endpoint::Impl::ArmSocketsLocked(bool armed) {
   epoll_event ev{};
-  ev.events = 0;
+  ev.events = armed ? uint32_t{EPOLLIN} : 0u;
   ev.data.ptr = nullptr;
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
 }
@@ -934,10 +931,7 @@ void Endpoint::Impl::Claim() {
 void Endpoint::Impl::Release() {
   std::lock_guard<std::mutex> g(claim_mu);
   if (--claims > 0) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = nullptr;
-  epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
+  ArmSocketsLocked(true);
   // Claim() told the producers not to ring; a parked progress thread must hear them again.
   NoteShmPoll(NowNs());
 }
@@ -951,10 +945,7 @@ bool Endpoint::Impl::HoldSocketLease(int64_t now) {
     std::lock_guard<std::mutex> g(claim_mu);
     if (socket_lease.load(std::memory_order_relaxed)) return true;
     socket_lease.store(true, std::memory_order_release);
-    if (claims++ == 0) {
-      epoll_event ev{};
-      epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
-    }
+    if (claims++ == 0) ArmSocketsLocked(false);
   }
   Wake();  // the progress thread may sleep without a deadline: it must learn when to end the lease
   return true;
@@ -965,11 +956,7 @@ bool Endpoint::Impl::EndSocketLease() {
   std::lock_guard<std::mutex> g(claim_mu);
   if (!socket_lease.load(std::memory_order_relaxed)) return false;
   socket_lease.store(false, std::memory_order_relaxed);
-  if (--claims == 0) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
-  }
+  if (--claims == 0) ArmSocketsLocked(true);
   return true;
 }
 

@@ -58,6 +58,8 @@ struct Endpoint::Impl {
   int claims = 0;
   void Claim();
   void Release();
+  // Arms or disarms `epfd` in `outer_fd` (claim_mu held): whether socket events wake the thread.
+  void ArmSocketsLocked(bool armed);
   std::thread thread;
   std::atomic<bool> stop{false};
 

@@ -30,6 +30,14 @@ struct PeerAddr {
   bool operator==(const PeerAddr&) const = default;
 };
 
+// The endpoint a node id names. A node id is the node's GID 0 (fe80::/64, IPv4, port, slot; see
+// core/addressing.h, whose ParseGid reads it through this too).
+inline PeerAddr NodeAddress(const NodeId& id) {
+  const uint8_t* b = id.bytes;
+  return PeerAddr{uint32_t{b[8]} << 24 | uint32_t{b[9]} << 16 | uint32_t{b[10]} << 8 | b[11],
+                  static_cast<uint16_t>(b[12] << 8 | b[13])};
+}
+
 struct OutFrame {
   uint8_t hdr[kMaxHeaderBytes];
   uint8_t hdr_len = 0;
