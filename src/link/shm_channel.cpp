@@ -23,6 +23,7 @@ namespace softrdma::link {
 namespace {
 
 constexpr int kFramesPerWakeup = 256;
+constexpr int kFramesPerSeen = 16;
 constexpr char kSetupMagic[4] = {'S', 'R', 'S', 'M'};
 constexpr uint8_t kShmVersion = 1;
 constexpr size_t kControlBytes = 4096;  // both rings' control blocks, then the two rings
@@ -589,7 +590,9 @@ void ShmChannel::ServeBuffered() {
     }
     if (consumed == 0) break;  // the frame at the head waits (Hold)
     rx_.Consume(consumed);
-    ++frames;
+    // A long batch looks at the ring all along: the producer must not take it for a consumer that
+    // stopped polling and ring (ib_send_bw 2 B: 0.7-1.4 M messages/s without, 2.1-2.5 M with).
+    if (++frames % kFramesPerSeen == 0) rx_.Seen(NowNs());
   }
   if (rx_.ProducerWaiting()) Ring(doorbell_out_);
   if (dead_) return Close();

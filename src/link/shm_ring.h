@@ -27,7 +27,10 @@ constexpr uint32_t kShmRecordAlign = 64;            // a record starts on its ow
 constexpr uint32_t kShmRingBytes = 1u << 20;        // per direction
 constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in records this big
 // An application that polled less than this long ago is polling: its records need no doorbell.
-constexpr int64_t kShmConsumerIdleNs = 5'000;
+// Longer than a preemption on a busy host: at 5 us, ib_send_bw 2 B rang 35,000 doorbells in 1.5 s,
+// each waking the consumer's progress thread into the mutex its poller held, which stalled the
+// poller into the next doorbell (0.5-0.7 M messages/s; 2.1-2.5 M at 20 us).
+constexpr int64_t kShmConsumerIdleNs = 20'000;
 // `normal`, or what SOFTRDMA_SHM_TRUST_POLL_NS says: tests stretch the times a poller is trusted to
 // look again (kShmConsumerIdleNs, the poll lease, the socket lease) so that a race around them
 // happens every time.

@@ -407,4 +407,33 @@ TEST(ShmPeerSetup, AFirstRecordByReferenceFindsTheArenaQueuedBehindTheWindowTabl
   EXPECT_EQ(child.Wait(), 0);
 }
 
+// Not an attack: the peer's view of a consumer that serves a long batch. The producer rings a
+// consumer whose application has not looked at the ring for kShmConsumerIdleNs; serving records is
+// looking. Before, only an application's poll said so, and a batch served for longer than that
+// drew a doorbell per few frames (ib_send_bw 2 B: 0.5-0.7 M messages/s, the progress threads
+// woken tens of thousands of times a second). Nothing here polls a CQ: only the serving can tell.
+using ShmFakePeer = ShmHostilePeer;
+TEST_F(ShmFakePeer, ServingALongBatchTellsTheProducerTheRingIsWatched) {
+  FakeShmPeer p;
+  ASSERT_TRUE(p.Open(port_));
+  ASSERT_TRUE(p.GotHello());
+  p.Hello();
+  const int64_t before = NowNs();
+  constexpr int kRecords = 256;
+  for (int i = 0; i < kRecords; ++i) {
+    ShmRecordHeader pad{64, shm_record::kPad, 0, 0, 0, 0, 0};
+    p.Put(&pad, sizeof pad, false);
+    uint8_t zeros[64 - sizeof pad] = {};
+    p.Put(zeros, sizeof zeros, false);
+  }
+  p.Ring();
+  const uint64_t end = p.control(0)->tail.load();
+  auto deadline = Clock::now() + std::chrono::milliseconds(kIoTimeoutMs);
+  while (p.control(0)->head.load() != end && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(p.control(0)->head.load(), end) << "the records were not served";
+  EXPECT_GE(p.control(0)->consumer_seen_ns.load(), before)
+      << "a consumer serving a batch of " << kRecords << " records looked idle to its producer";
+}
+
 }  // namespace
