@@ -324,9 +324,11 @@ void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
 
 void Hca::OnBatchEnd() {
   if (ack_qps_.empty()) return;
-  std::vector<std::shared_ptr<Qp>> batch;
+  // Both vectors keep their capacity: a batch allocates nothing.
+  std::vector<std::shared_ptr<Qp>>& batch = ack_batch_;
   batch.swap(ack_qps_);
   for (auto& qp : batch) qp->FlushAck();
+  batch.clear();
 }
 
 int64_t Hca::OnTimers(int64_t now) {
@@ -341,7 +343,7 @@ int64_t Hca::OnTimers(int64_t now) {
     a.dlid = DestinationSlot(qp->path_attr(), qp->dest_qpn());
     qp->Repath(Resolve(a, qp->dest_qpn()));
   }
-  std::vector<std::shared_ptr<Qp>> armed;
+  std::vector<std::shared_ptr<Qp>>& armed = timer_scratch_;  // kept: no allocation per batch
   {
     std::lock_guard<std::mutex> g(timer_mu_);
     if (timer_qps_.empty()) return INT64_MAX;
@@ -352,6 +354,7 @@ int64_t Hca::OnTimers(int64_t now) {
     int64_t d = qp->OnTimer(now);
     if (d < next) next = d;
   }
+  armed.clear();
   return next;
 }
 

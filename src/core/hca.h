@@ -150,7 +150,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
 
   std::mutex timer_mu_;
   std::set<std::shared_ptr<Qp>> timer_qps_;
-  std::vector<std::shared_ptr<Qp>> ack_qps_;  // progress thread only
+  std::vector<std::shared_ptr<Qp>> ack_qps_;        // progress thread only
+  std::vector<std::shared_ptr<Qp>> ack_batch_;      // OnBatchEnd's scratch
+  std::vector<std::shared_ptr<Qp>> timer_scratch_;  // OnTimers' (under the link's progress mutex)
   std::atomic<uint64_t> malformed_{0};
 };
 

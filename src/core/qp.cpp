@@ -512,14 +512,26 @@ void Qp::Shutdown() {
   // arrive than an application takes to tear down (ibv_srq_pingpong -s 1048576 lost the peer's
   // last sends). An idle QP is destroyed at once.
   const int64_t start = link::NowNs();
+  uint64_t frames_seen;
+  int64_t last;  // when the last inbound frame was seen to come
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    frames_seen = rx_frames_;
+    bool idle = link::CoarseNowNs() - last_rx_coarse_ns_ > kDrainQuietNs + link::kCoarseClockStepNs;
+    last = idle ? start - kDrainQuietNs - 1 : start;
+  }
   for (int rounds = 0;; ++rounds) {
     bool any = hca_.Progress(true);
-    int64_t last;
+    uint64_t frames;
     {
       std::lock_guard<std::mutex> g(mu_);
-      last = last_rx_ns_;
+      frames = rx_frames_;
     }
     int64_t now = link::NowNs();
+    if (frames != frames_seen) {
+      frames_seen = frames;
+      last = now;
+    }
     if (rounds >= 4 && (now - last > kDrainQuietNs || now - start > kDrainMaxNs)) break;
     if (!any && rounds >= 4) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -544,12 +556,11 @@ void Qp::Shutdown() {
 void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   std::lock_guard<std::mutex> g(mu_);
   RxWork& w = WorkOf(t);
-  w = RxWork{};
-  w.kind = RxWork::kDrop;
-  w.nak = RxWork::kNoNak;
+  w.Clear();
   if (shut_down_) return;
   ++rx_active_;
-  last_rx_ns_ = link::NowNs();
+  ++rx_frames_;
+  last_rx_coarse_ns_ = link::CoarseNowNs();
   w.is_response = p.info->mask & kIsResponse;
   if (w.is_response)
     RxResponseHeader(ch, p, t);

@@ -270,7 +270,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool timer_registered_ = false;
   // Puts this QP on the HCA's timer list (OnTimer then runs), unless it is there.
   void RegisterTimerLocked();
-  int64_t last_rx_ns_ = 0;  // when the last inbound frame for this QP began
+  // Inbound frames begun, and when the last began on the coarse clock (a precise clock read per
+  // frame was 2 % of ib_send_lat): what Shutdown needs to tell traffic still coming from none.
+  uint64_t rx_frames_ = 0;
+  int64_t last_rx_coarse_ns_ = INT64_MIN / 2;
   static constexpr int64_t kDrainQuietNs = 2'000'000;
   static constexpr int64_t kDrainMaxNs = 50'000'000;
   // How long a destroy waits for queued outbound frames to reach their sockets.
@@ -298,6 +301,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool seq_nak_sent_ = false;
   bool comm_est_raised_ = false;
   bool ack_pending_ = false;
+  bool ack_queued_ = false;  // in the HCA's list of QPs to flush at the batch's end, once
   uint32_t ack_psn_ = 0;
   // Adaptive ACK deferral. Where the application answers each message (ping-pong), an ACK waits
   // up to kAckDeferNs for the answer and leaves in the same write, saving a TCP segment and a

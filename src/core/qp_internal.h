@@ -33,6 +33,13 @@ struct Qp::RxWork {
   uint32_t xrc_srqn;
   RecvWqe recv;  // the receive WQE this message took, to give back if it never completes
   static constexpr uint8_t kNoNak = 0xff;
+  // A frame's state from its header on. `recv` is left as it is: has_recv says whether it holds a
+  // WQE, and zeroing its 32 SGEs with the rest cost every inbound frame 600 bytes of stores.
+  void Clear() {
+    std::memset(static_cast<void*>(this), 0, offsetof(RxWork, recv));
+    kind = kDrop;
+    nak = kNoNak;
+  }
 };
 
 inline Qp::RxWork& WorkOf(link::RxTarget& t) {

@@ -26,6 +26,7 @@ void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
 
 void Qp::FlushAck() {
   std::lock_guard<std::mutex> g(mu_);
+  ack_queued_ = false;
   if (!shut_down_) FlushAckLocked();
 }
 
@@ -33,8 +34,11 @@ void Qp::FlushAckLocked() {
   if (ack_pending_) {
     ack_pending_ = false;
     ack_deadline_ = INT64_MAX;
-    ack_sent_ns_ = link::NowNs();
-    if (ack_channel_) SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
+    if (ack_channel_) {
+      // Only ACKs that could wait for an answer learn the ping-pong (RxRequestEnd).
+      if (!ack_channel_->frames_are_cheap()) ack_sent_ns_ = link::NowNs();
+      SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
+    }
   }
   ReleaseHeldCompletionsLocked();
 }
@@ -442,7 +446,10 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     RegisterTimerLocked();
     return;
   }
-  hca_.QueueAck(shared_from_this());
+  if (!ack_queued_) {
+    ack_queued_ = true;
+    hca_.QueueAck(shared_from_this());
+  }
 }
 
 }  // namespace softrdma::core

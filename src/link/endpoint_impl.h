@@ -53,7 +53,7 @@ struct Endpoint::Impl {
   int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1, timer_fd = -1;
   Pollable* timer_pollable = nullptr;
   int64_t armed_deadline = INT64_MAX;  // what timer_fd is set to (progress_mu)
-  void RunTimers();
+  void RunTimers(int64_t now_ns);
   std::mutex claim_mu;  // guards claims and the arming of epfd in outer_fd
   int claims = 0;
   void Claim();
@@ -114,7 +114,7 @@ struct Endpoint::Impl {
   int64_t shm_lease_ns = shm_lease_min_ns;  // progress thread only
   std::atomic<int64_t> shm_polled_ns{0};
   // When the peers were last told that we poll (see kShmConsumerIdleNs), at most once a step.
-  static constexpr int64_t kShmSeenStepNs = 1'000;
+  static constexpr int64_t kShmSeenStepNs = 4'000;
   std::atomic<int64_t> shm_seen_told_ns{0};
   std::atomic<bool> parked{false};
   // Records that arrive while an application polls ring no doorbell: the progress thread looks at

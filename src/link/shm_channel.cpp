@@ -637,7 +637,7 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
     if (h.nref > 0) return DeliverRefs(p, h, fixed, consumed);
     uint8_t hdr[kMaxHeaderBytes];
     std::memcpy(hdr, p + sizeof h, h.hdr_len);
-    target_ = RxTarget{};
+    target_.Reset();
     cursor_ = RxCursor{};
     in_frame_ = true;
     remaining_ = h.payload_len;
@@ -684,7 +684,7 @@ bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_
   }
   uint8_t hdr[kMaxHeaderBytes];
   std::memcpy(hdr, p + sizeof h, h.hdr_len);
-  target_ = RxTarget{};
+  target_.Reset();
   cursor_ = RxCursor{};
   in_frame_ = true;
   remaining_ = 0;
@@ -706,7 +706,7 @@ bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_
 // The sink made the frame at the head wait: nothing of it was delivered, and it stays in the ring.
 bool ShmChannel::KeepFrame(uint32_t* consumed) {
   in_frame_ = false;
-  target_ = RxTarget{};
+  target_.Reset();
   *consumed = 0;
   return true;
 }
@@ -714,7 +714,7 @@ bool ShmChannel::KeepFrame(uint32_t* consumed) {
 void ShmChannel::EndFrame() {
   in_frame_ = false;
   ep_.sink.OnFrameEnd(*this, target_);
-  target_ = RxTarget{};
+  target_.Reset();
 }
 
 void ShmChannel::Close() {
@@ -730,7 +730,7 @@ void ShmChannel::Close() {
   if (in_frame_) {
     in_frame_ = false;
     ep_.sink.OnFrameAbort(*this, target_);
-    target_ = RxTarget{};
+    target_.Reset();
   }
   ep_.sink.OnChannelClosed(*this);
   auto self = std::static_pointer_cast<ShmChannel>(shared_from_this());

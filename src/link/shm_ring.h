@@ -96,15 +96,21 @@ class ShmRingProducer {
   ShmRingProducer(ShmRingControl* c, uint8_t* data, int64_t idle_ns = kShmConsumerIdleNs)
       : c_(c), data_(data), idle_ns_(idle_ns) {
     tail_ = c->tail.load(std::memory_order_relaxed);
+    head_seen_ = c->head.load(std::memory_order_relaxed);
   }
   // Room for a record of `bytes` (aligned), contiguous; nullptr when the ring is too full. Writes a
   // pad record first when the record would cross the end.
   uint8_t* Reserve(uint32_t bytes) {
-    uint64_t head = c_->head.load(std::memory_order_acquire);
     uint32_t at = static_cast<uint32_t>(tail_ % kShmRingBytes);
     uint32_t to_end = kShmRingBytes - at;
     uint64_t need = bytes <= to_end ? bytes : uint64_t{to_end} + bytes;
-    if (tail_ + need - head > kShmRingBytes) return nullptr;
+    // The consumer's head is read again only when the one last read leaves too little room: the
+    // line it lives on moves between the cores at every record the consumer takes, and reading it
+    // per record cost each message a cache miss on each side.
+    if (tail_ + need - head_seen_ > kShmRingBytes) {
+      head_seen_ = c_->head.load(std::memory_order_acquire);
+      if (tail_ + need - head_seen_ > kShmRingBytes) return nullptr;
+    }
     if (bytes > to_end) {
       auto* pad = reinterpret_cast<ShmRecordHeader*>(data_ + at);
       *pad = ShmRecordHeader{to_end, shm_record::kPad, 0, 0, 0, 0, 0};
@@ -153,6 +159,7 @@ class ShmRingProducer {
   uint8_t* data_ = nullptr;
   int64_t idle_ns_ = kShmConsumerIdleNs;
   uint64_t tail_ = 0;
+  uint64_t head_seen_ = 0;  // the consumer's head when last read: room it has freed at least
   uint32_t reserved_ = 0;
 };
 
