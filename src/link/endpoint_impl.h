@@ -24,6 +24,8 @@ class Pollable {
  public:
   virtual ~Pollable() = default;
   virtual void OnEvents(uint32_t events) = 0;
+  // The TCP connection behind this, if it is one.
+  virtual class ServedChannel* socket_channel() { return nullptr; }
 };
 
 // A connection the endpoint serves: TCP or shared memory.
@@ -37,6 +39,8 @@ class ServedChannel : public Channel, public Pollable {
   virtual void ServeBuffered() = 0;
   // Tears the channel down (progress mutex held).
   virtual void Close() = 0;
+  // Reads and handles what arrived, without epoll (progress mutex held); the frames handled.
+  virtual int ReadNow() { return 0; }
 };
 
 class ShmChannel;
@@ -132,6 +136,10 @@ struct Endpoint::Impl {
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
   std::atomic<int64_t> sockets_polled_ns{0};
+  // The connection a leased poller reads without asking epoll (PollOnceLeased; progress_mu).
+  static constexpr int kHotSocketPollsPerEpoll = 8;
+  std::shared_ptr<ServedChannel> hot_socket;
+  int hot_socket_polls = 0;
 
   // The socket lease: a poller (of a process without shared-memory channels) keeps `epfd` disarmed
   // beyond its poll, as a claim that the progress thread ends when no poll came for

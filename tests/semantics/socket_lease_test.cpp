@@ -47,6 +47,31 @@ int LateWriter(ChildPipe p, QpOpts o) {
   return 0;
 }
 
+// After 'g', RDMA WRITEs 8 bytes into the parent's window back to back for 1.5 s (each waits
+// for its completion), then says 'd' and waits for 'x'.
+int BusyWriter(ChildPipe p, QpOpts o) {
+  Verbs v;
+  if (!v.Open()) return 10;
+  Qp* q = v.NewQp(o);
+  Buffer* b = v.NewBuffer(64);
+  if (!q || !b) return 11;
+  Remote mine = v.RemoteOf(q), theirs;
+  Window w{};
+  if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
+  if (BringUp(q->qp, o, theirs)) return 13;
+  char go;
+  if (!p.Recv(&go)) return 14;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  for (uint64_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
+    if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, i)) return 15;
+    ibv_wc wc;
+    if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
+  }
+  if (!p.Send('d')) return 17;
+  p.Recv(&go);
+  return 0;
+}
+
 // An application spinning on memory reads what the HCA writes (here our own progress thread)
 // outside the program's synchronization, as ib_write_lat does: ThreadSanitizer is told not to
 // judge that read (it reported the race the test is made of).
@@ -82,6 +107,48 @@ TEST_F(SocketLease, AWriteLandsForAPollerThatTurnedToSpinningOnMemory) {
   EXPECT_EQ(child.Wait(), 0) << "the writer's own completion went wrong";
 }
 
+// A poller reads the one connection that keeps bringing frames without asking epoll each time;
+// it must still ask now and then. Here a second peer's WRITE comes (on a connection of its own,
+// which has to be accepted first) while the first peer keeps the poller busy.
+TEST_F(SocketLease, AQuietPeerIsHeardWhileABusyOneKeepsThePollerReading) {
+  Qp* busy = v.NewQp(QpOpts{});
+  Qp* quiet = v.NewQp(QpOpts{});
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(busy && quiet && b);
+  ForkedPeer writer, late;
+  ASSERT_TRUE(writer.Start([](int up, int down) { return BusyWriter(ChildPipe{up, down}, {}); }));
+  ASSERT_TRUE(late.Start([](int up, int down) { return LateWriter(ChildPipe{up, down}, {}); }));
+  Remote theirs;
+  ASSERT_TRUE(writer.Recv(&theirs));
+  ASSERT_TRUE(writer.Send(v.RemoteOf(busy)));
+  ASSERT_TRUE(writer.Send(Window{b->addr(), b->rkey()}));
+  ASSERT_EQ(BringUp(busy->qp, QpOpts{}, theirs), 0);
+  ASSERT_TRUE(late.Recv(&theirs));
+  ASSERT_TRUE(late.Send(v.RemoteOf(quiet)));
+  ASSERT_TRUE(late.Send(Window{b->addr() + 32, b->rkey()}));
+  ASSERT_EQ(BringUp(quiet->qp, QpOpts{}, theirs), 0);
+  ASSERT_TRUE(writer.Send('g'));
+  ASSERT_TRUE(late.Send('g'));  // its WRITE comes 300 ms later, while the busy one goes on
+  // Polls until the busy writer is done (its WRITEs need us to read them), watching for the
+  // quiet one's meanwhile.
+  const uint8_t* last = b->data() + 32 + 7;
+  bool heard_while_busy = false, busy_done = false;
+  ibv_wc wc;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  for (int i = 0; !busy_done && Clock::now() < until; ++i) {
+    ASSERT_EQ(ibv_poll_cq(busy->rcq, 1, &wc), 0);
+    if (!heard_while_busy) heard_while_busy = Peek(last) == 0x5a;
+    char d;
+    if (i % 1024 == 0) busy_done = writer.Recv(&d, std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(busy_done) << "the busy writer did not finish";
+  EXPECT_TRUE(heard_while_busy) << "the quiet peer's WRITE was not read while the busy one went on";
+  EXPECT_TRUE(writer.Send('x'));
+  EXPECT_TRUE(late.Send('x'));
+  EXPECT_EQ(writer.Wait(), 0) << "the busy writer's side went wrong";
+  EXPECT_EQ(late.Wait(), 0) << "the late writer's own completion went wrong";
+}
+
 // On the TCP link. The second stretches the lease to 10 s: only arming the CQ can end it there.
 TEST(SocketLeaseOnTcp, ALeaseThatRunsOutLeavesTheSocketsToTheProgressThread) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
@@ -93,6 +160,15 @@ TEST(SocketLeaseOnTcp, ALeaseThatRunsOutLeavesTheSocketsToTheProgressThread) {
 TEST(SocketLeaseOnTcp, ArmingACqEndsTheLease) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage", 2,
+                            std::chrono::seconds(30),
+                            {"SOFTRDMA_LINK=tcp", "SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"}),
+            0);
+}
+
+// The lease stretched to 10 s: only the poller can read the quiet peer's connection.
+TEST(SocketLeaseOnTcp, APollerReadingOneConnectionStillHearsTheOthers) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("SocketLease.AQuietPeerIsHeardWhileABusyOneKeepsThePollerReading", 2,
                             std::chrono::seconds(30),
                             {"SOFTRDMA_LINK=tcp", "SOFTRDMA_SHM_TRUST_POLL_NS=10000000000"}),
             0);
