@@ -24,51 +24,56 @@ struct Window {
   uint32_t rkey;
 };
 
+// A writer child's side: a connected QP, a 64-byte buffer of 0x5a and the parent's window, once
+// the parent says 'g'. Returns 0 or the child's exit code for what failed.
+struct Writer {
+  Verbs v;
+  Qp* q = nullptr;
+  Buffer* b = nullptr;
+  Window w{};
+  int Start(ChildPipe& p, QpOpts o) {
+    if (!v.Open()) return 10;
+    q = v.NewQp(o);
+    b = v.NewBuffer(64);
+    if (!q || !b) return 11;
+    std::memset(b->data(), 0x5a, 64);
+    Remote mine = v.RemoteOf(q), theirs;
+    if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
+    if (BringUp(q->qp, o, theirs)) return 13;
+    char go;
+    return p.Recv(&go) ? 0 : 14;
+  }
+  // One WRITE of 8 bytes to the window's start, waited for.
+  int Write(uint64_t wr_id) {
+    if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, wr_id)) return 15;
+    ibv_wc wc;
+    return PollOne(q->scq, &wc) && wc.status == IBV_WC_SUCCESS ? 0 : 16;
+  }
+};
+
 // Writes 8 bytes of 0x5a into the parent's window 300 ms after 'g' (the parent has stopped
 // polling by then), and waits for 'x'.
 int LateWriter(ChildPipe p, QpOpts o) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  Qp* q = v.NewQp(o);
-  Buffer* b = v.NewBuffer(64);
-  if (!q || !b) return 11;
-  std::memset(b->data(), 0x5a, 64);
-  Remote mine = v.RemoteOf(q), theirs;
-  Window w{};
-  if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
-  char go;
-  if (!p.Recv(&go)) return 14;
+  Writer wr;
+  if (int e = wr.Start(p, o)) return e;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, 1)) return 15;
-  ibv_wc wc;
-  if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
-  p.Recv(&go);
+  if (int e = wr.Write(1)) return e;
+  char done;
+  p.Recv(&done);
   return 0;
 }
 
 // After 'g', RDMA WRITEs 8 bytes into the parent's window back to back for 1.5 s (each waits
 // for its completion), then says 'd' and waits for 'x'.
 int BusyWriter(ChildPipe p, QpOpts o) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  Qp* q = v.NewQp(o);
-  Buffer* b = v.NewBuffer(64);
-  if (!q || !b) return 11;
-  Remote mine = v.RemoteOf(q), theirs;
-  Window w{};
-  if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
-  char go;
-  if (!p.Recv(&go)) return 14;
+  Writer wr;
+  if (int e = wr.Start(p, o)) return e;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
-  for (uint64_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
-    if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, i)) return 15;
-    ibv_wc wc;
-    if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
-  }
+  for (uint64_t i = 0; std::chrono::steady_clock::now() < until; ++i)
+    if (int e = wr.Write(i)) return e;
   if (!p.Send('d')) return 17;
-  p.Recv(&go);
+  char done;
+  p.Recv(&done);
   return 0;
 }
 
