@@ -1019,18 +1019,13 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     int64_t now = NowNs();  // once per empty poll: it costs as much as the rest of one
     NoteShmPoll(now);
     if (ready) return false;
-    // Sockets are asked only now and then: the three system calls of a claimed poll would delay
-    // the next record by a microsecond or more, and the progress thread, whose epoll set stays
-    // armed meanwhile, serves the sockets anyway.
-    if (loop_frames_pending.load(std::memory_order_relaxed) == 0) {
-      if (now - sockets_polled_ns.load(std::memory_order_relaxed) < kSocketPollIntervalNs)
-        return false;
-      sockets_polled_ns.store(now, std::memory_order_relaxed);
-      // Claiming costs two epoll_ctl: only for events there are (a ping-pong paid the three system
-      // calls every 20 us, 9 % of ib_send_lat's time).
-      epoll_event hint;
-      if (epoll_wait(epfd, &hint, 1, 0) <= 0) return false;
-    }
+    // Sockets are asked only now and then: even the one system call of an empty look would delay
+    // the next record, and the progress thread, whose epoll set stays armed meanwhile, serves the
+    // sockets anyway.
+    if (now - sockets_polled_ns.load(std::memory_order_relaxed) < kSocketPollIntervalNs &&
+        loop_frames_pending.load(std::memory_order_relaxed) == 0)
+      return false;
+    sockets_polled_ns.store(now, std::memory_order_relaxed);
   }
   if (!wait && shm_count.load(std::memory_order_relaxed) == 0 && HoldSocketLease(NowNs())) {
     bool r = PollOnceLeased();
@@ -1038,6 +1033,15 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     return r;
   }
   if (!wait) {
+    // Most polls of an empty CQ find nothing: ask epoll first, without claiming (two epoll_ctl: a
+    // shm ping-pong paid them every 20 us, 9 % of ib_send_lat's time) or locking (a busy poller
+    // would keep the progress thread waiting on the mutex, two context switches each time). The
+    // answer is only a hint: events are fetched again under the mutex, since a channel it names
+    // may be gone by then.
+    epoll_event hint;
+    if (epoll_wait(epfd, &hint, 1, 0) <= 0 &&
+        loop_frames_pending.load(std::memory_order_relaxed) == 0)
+      return false;
     Claim();
     bool r = PollOnceClaimed();
     if (r) PollerActive();
@@ -1090,16 +1094,8 @@ bool Endpoint::Impl::PollOnceLeased() {
 }
 
 bool Endpoint::Impl::PollOnceClaimed() {
+  if (!progress_mu.try_lock()) return false;
   epoll_event events[64];
-  {
-    // Most polls of an empty CQ find nothing: ask epoll first, without the progress mutex, so a
-    // busy poller does not keep the progress thread waiting on it (each such wait costs two
-    // context switches). The answer is only a hint: events are fetched again under the mutex,
-    // since a channel it names may be gone by then.
-    int ready = epoll_wait(epfd, events, 64, 0);
-    if (ready <= 0 && loop_frames_pending.load(std::memory_order_relaxed) == 0) return false;
-    if (!progress_mu.try_lock()) return false;
-  }
   int n = epoll_wait(epfd, events, 64, 0);
   int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
