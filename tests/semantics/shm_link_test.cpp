@@ -179,20 +179,14 @@ TEST_F(ShmLink, AProcessBlockedOnACompletionChannelUsesNoCpu) {
 
 // The peer sends one message a while after it is told to.
 int LateSender(ChildPipe p, QpOpts o) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  Qp* q = v.NewQp(o);
-  Buffer* b = v.NewBuffer(64);
-  if (!q || !b) return 11;
-  Remote mine = v.RemoteOf(q), theirs;
-  if (!p.Send(mine) || !p.Recv(&theirs)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
   char go;
   if (!p.Recv(&go)) return 14;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the parent is blocked by now
-  if (PostSendMsg(q->qp, *b, 0, 8, 1)) return 15;
+  if (PostSendMsg(c.q->qp, *c.b, 0, 8, 1)) return 15;
   ibv_wc wc;
-  if (!PollOne(q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
+  if (!PollOne(c.q->scq, &wc) || wc.status != IBV_WC_SUCCESS) return 16;
   p.Recv(&go);
   return 0;
 }

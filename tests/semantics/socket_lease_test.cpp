@@ -27,27 +27,19 @@ struct Window {
 // A writer child's side: a connected QP, a 64-byte buffer of 0x5a and the parent's window, once
 // the parent says 'g'. Returns 0 or the child's exit code for what failed.
 struct Writer {
-  Verbs v;
-  Qp* q = nullptr;
-  Buffer* b = nullptr;
+  ChildQp c;
   Window w{};
   int Start(ChildPipe& p, QpOpts o) {
-    if (!v.Open()) return 10;
-    q = v.NewQp(o);
-    b = v.NewBuffer(64);
-    if (!q || !b) return 11;
-    std::memset(b->data(), 0x5a, 64);
-    Remote mine = v.RemoteOf(q), theirs;
-    if (!p.Send(mine) || !p.Recv(&theirs) || !p.Recv(&w)) return 12;
-    if (BringUp(q->qp, o, theirs)) return 13;
+    if (int e = c.Connect(p, o, 64)) return e;
+    std::memset(c.b->data(), 0x5a, 64);
     char go;
-    return p.Recv(&go) ? 0 : 14;
+    return p.Recv(&w) && p.Recv(&go) ? 0 : 14;
   }
   // One WRITE of 8 bytes to the window's start, waited for.
   int Write(uint64_t wr_id) {
-    if (PostRdma(q->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, w.addr, w.rkey, wr_id)) return 15;
+    if (PostRdma(c.q->qp, IBV_WR_RDMA_WRITE, *c.b, 0, 8, w.addr, w.rkey, wr_id)) return 15;
     ibv_wc wc;
-    return PollOne(q->scq, &wc) && wc.status == IBV_WC_SUCCESS ? 0 : 16;
+    return PollOne(c.q->scq, &wc) && wc.status == IBV_WC_SUCCESS ? 0 : 16;
   }
 };
 

@@ -38,14 +38,10 @@ int SocketsOpen() {
 
 // Takes one SEND and answers it with one.
 int Echo(ChildPipe p, QpOpts o) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  Qp* q = v.NewQp(o);
-  Buffer* b = v.NewBuffer(64);
-  if (!q || !b) return 11;
-  Remote mine = v.RemoteOf(q), theirs;
-  if (!p.Send(mine) || !p.Recv(&theirs)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  Qp* q = c.q;
+  Buffer* b = c.b;
   if (PostRecv(q->qp, *b, 0, 64, 1)) return 14;
   if (!p.Send('R')) return 15;
   ibv_wc wc;

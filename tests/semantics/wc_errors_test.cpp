@@ -348,14 +348,11 @@ TEST_F(WcErrors, RetryExceededWhenPeerQpIsDestroyedInProcess) {
 // parent's QP, posts `recvs` receives, takes one message, reports it, then obeys: 'D' destroys
 // its QP and stays alive.
 int PeerProcess(ChildPipe p, QpOpts o, int recvs) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  Qp* q = v.NewQp(o);
-  Buffer* b = v.NewBuffer(4096);
-  if (!q || !b) return 11;
-  Remote mine = v.RemoteOf(q), theirs;
-  if (!p.Send(mine) || !p.Recv(&theirs)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
+  ChildQp c;
+  if (int e = c.Connect(p, o, 4096)) return e;
+  Verbs& v = c.v;
+  Qp* q = c.q;
+  Buffer* b = c.b;
   for (int i = 0; i < recvs; ++i) PostRecv(q->qp, *b, i * 256, 256, i);
   if (!p.Send('R')) return 14;
   ibv_wc wc;

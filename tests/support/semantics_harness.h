@@ -760,4 +760,22 @@ struct ChildPipe {
   }
 };
 
+// A child's end of a connection with its parent: the device opened, one QP and a buffer of
+// `bytes`, the QPs' addresses swapped over the pipe (the child's sent first) and the QP brought up.
+struct ChildQp {
+  Verbs v;
+  Qp* q = nullptr;
+  Buffer* b = nullptr;
+  // 0, or the child's exit code for the step that failed: 10 open, 11 create, 12 swap, 13 bring-up.
+  int Connect(const ChildPipe& p, const QpOpts& o, size_t bytes) {
+    if (!v.Open()) return 10;
+    q = v.NewQp(o);
+    b = v.NewBuffer(bytes);
+    if (!q || !b) return 11;
+    Remote theirs;
+    if (!p.Send(v.RemoteOf(q)) || !p.Recv(&theirs)) return 12;
+    return BringUp(q->qp, o, theirs) ? 13 : 0;
+  }
+};
+
 }  // namespace semantics
