@@ -902,8 +902,12 @@ void Endpoint::Impl::Loop() {
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
     int n = epoll_wait(epfd, events, 64, 0);
-    if (lease_ended && n > 0)
-      socket_lease_off_until_ns.store(NowNs() + kSocketLeaseOffNs, std::memory_order_relaxed);
+    if (lease_ended && n > 0) {
+      const int64_t at = NowNs();
+      const int64_t held = at - socket_lease_taken_ns.load(std::memory_order_relaxed);
+      socket_lease_off_until_ns.store(at + socket_lease_pause.AfterStranding(held),
+                                      std::memory_order_relaxed);
+    }
     Dispatch(events, n < 0 ? 0 : n);
     RunTimers(NowNs());
     graveyard.clear();
@@ -961,6 +965,7 @@ bool Endpoint::Impl::HoldSocketLease(int64_t now) {
     std::lock_guard<std::mutex> g(claim_mu);
     if (socket_lease.load(std::memory_order_relaxed)) return true;
     socket_lease.store(true, std::memory_order_release);
+    socket_lease_taken_ns.store(now, std::memory_order_relaxed);
     if (claims++ == 0) ArmSocketsLocked(false);
   }
   Wake();  // the progress thread may sleep without a deadline: it must learn when to end the lease

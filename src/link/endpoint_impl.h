@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "link/endpoint.h"
+#include "link/lease_pause.h"
 #include "link/shm_ring.h"
 #include "link/udp_link.h"
 
@@ -151,9 +152,10 @@ struct Endpoint::Impl {
   static constexpr int64_t kSocketLeaseNs = 200'000;
   static constexpr int64_t kSocketLeaseMaxNs = 1'000'000;
   // A lease that ran out with frames waiting means the application waits for them elsewhere
-  // (spinning on memory for an RDMA WRITE, as riostream does): leases are then not taken for this
-  // long, and the progress thread serves sockets at once as before.
-  static constexpr int64_t kSocketLeaseOffNs = 100'000'000;
+  // (spinning on memory for an RDMA WRITE, as riostream does): leases are then not taken for a
+  // while (LeasePause), and the progress thread serves sockets at once as before.
+  LeasePause socket_lease_pause;                  // progress thread only
+  std::atomic<int64_t> socket_lease_taken_ns{0};  // written under claim_mu
   const int64_t socket_lease_min_ns = ShmTrustedPollNs(kSocketLeaseNs);
   const int64_t socket_lease_max_ns = ShmTrustedPollNs(kSocketLeaseMaxNs);
   std::atomic<bool> socket_lease{false};          // written under claim_mu
