@@ -31,6 +31,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
         e.wallclock_ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
       }
       ++count_;
+      queued_.store(count_, std::memory_order_release);
       if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
         armed_ = kDisarmed;
         notify = channel_ != nullptr;
@@ -50,7 +51,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 }
 
 int Cq::Poll(int n, ibv_wc* out) {
-  int got = PollLocked(n, out);
+  int got = queued_.load(std::memory_order_acquire) ? PollLocked(n, out) : 0;
   if (got == 0 && n > 0 && ctx_.hca().Progress()) got = PollLocked(n, out);
   if (got > 0) ctx_.hca().PollerActive();
   return got;
@@ -64,6 +65,7 @@ int Cq::PollLocked(int n, ibv_wc* out) {
     head_ = (head_ + 1) % ring_.size();
     --count_;
   }
+  queued_.store(count_, std::memory_order_release);
   return got;
 }
 

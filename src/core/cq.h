@@ -3,6 +3,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -52,6 +53,7 @@ class Cq {
   void PopLocked() {
     head_ = (head_ + 1) % ring_.size();
     --count_;
+    queued_.store(count_, std::memory_order_release);
   }
 
   // Number of events raised for this CQ, for ibv_destroy_cq's wait on ibv_ack_cq_events.
@@ -66,6 +68,8 @@ class Cq {
   std::mutex mu_;
   std::vector<Cqe> ring_;
   size_t head_ = 0, count_ = 0;
+  // count_, for a poll to see an empty CQ without the lock (a busy poller's every look).
+  std::atomic<size_t> queued_{0};
   enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;
   bool overflowed_ = false;
   uint32_t events_reported_ = 0;

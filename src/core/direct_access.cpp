@@ -35,6 +35,11 @@ bool Qp::TryDirectLocked(SendWqe& w) {
       right = IBV_ACCESS_REMOTE_ATOMIC;
       if (w.num_sge != 1 || w.sge[0].length != 8 || (w.remote_addr & 7)) return false;
       break;
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      right = link::kRecvRight;  // into the peer's receive buffers (direct_recv.cpp)
+      local_access = 0;
+      break;
     default:
       return false;
   }
@@ -55,6 +60,7 @@ bool Qp::TryDirectLocked(SendWqe& w) {
     if (!local[n]) return false;
     lens[n++] = s.length;
   }
+  if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);
 
   bool done = true;
   auto op = [&](uint8_t* remote) {

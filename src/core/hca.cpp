@@ -322,7 +322,48 @@ void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
   if (endpoint_) endpoint_->Wake();
 }
 
+int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state) {
+  std::lock_guard<std::mutex> g(direct_mu_);
+  direct_qps_.push_back(std::move(qp));
+  for (int i = 0; i < kWatchedRecvQueues; ++i)
+    if (!watched_[i].load(std::memory_order_relaxed)) {
+      watched_[i].store(next_state, std::memory_order_relaxed);
+      return i;
+    }
+  unwatched_.fetch_add(1, std::memory_order_relaxed);
+  return -1;
+}
+
+void Hca::RemoveDirectRecv(const Qp* qp, int watch) {
+  std::lock_guard<std::mutex> g(direct_mu_);
+  if (watch >= 0)
+    watched_[watch].store(nullptr, std::memory_order_relaxed);
+  else
+    unwatched_.fetch_sub(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < direct_qps_.size(); ++i)
+    if (direct_qps_[i].get() == qp) {
+      direct_qps_[i] = std::move(direct_qps_.back());
+      direct_qps_.pop_back();
+      return;
+    }
+}
+
+bool Hca::CollectDirectRecvsSlow(bool count) {
+  // The count first, then the slots: a slot done after this load counts again.
+  if (count) link::SharedWindows::Get().TakeRecvsDone();
+  // Copied: a QP's lock comes before direct_mu_. Kept per thread: a collection allocates nothing.
+  thread_local std::vector<std::shared_ptr<Qp>> qps;
+  {
+    std::lock_guard<std::mutex> g(direct_mu_);
+    qps = direct_qps_;
+  }
+  for (auto& qp : qps) qp->CollectDirectRecvs();
+  qps.clear();
+  return true;
+}
+
 void Hca::OnBatchEnd() {
+  CollectDirectRecvs(true);  // the progress thread, woken by a peer's nudge, or a poller's round
   if (ack_qps_.empty()) return;
   // Both vectors keep their capacity: a batch allocates nothing.
   std::vector<std::shared_ptr<Qp>>& batch = ack_batch_;

@@ -24,6 +24,7 @@
 #include "core/xrc.h"
 #include "core/xrc_targets.h"
 #include "link/endpoint.h"
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 
@@ -84,7 +85,37 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
 
   // Runs inbound work on the calling thread (an application polling an empty CQ). A fork child
   // that uses its parent's objects reaches an HCA without an endpoint: nothing arrives there.
-  bool Progress(bool wait = false) { return endpoint_ && endpoint_->PollOnce(wait); }
+  // SENDs placed by same-host peers are collected first (direct_recv.cpp).
+  bool Progress(bool wait = false) {
+    if (CollectDirectRecvs() && !wait) return true;
+    return endpoint_ && endpoint_->PollOnce(wait);
+  }
+  // QPs whose receive queue same-host peers may fill (direct_recv.cpp). Pollers watch the next
+  // slot of the first kWatchedRecvQueues, without a lock (a slot pointer that went stale costs one
+  // collection: the table is never unmapped); the others are found by the peers' count of slots
+  // done, one cache line more per message. Add returns the watch entry, or -1.
+  static constexpr int kWatchedRecvQueues = 4;
+  int AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state);
+  void RemoveDirectRecv(const Qp* qp, int watch);
+  void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state) {
+    if (watch >= 0) watched_[watch].store(next_state, std::memory_order_relaxed);
+  }
+  // Turns what peers placed into completions; false when they placed nothing. `catch_up`: also
+  // when only the peers' count says so (the progress thread's rounds: the consumer's sleep waits
+  // for the count, which polls that find completions through the watch do not take).
+  bool CollectDirectRecvs(bool catch_up = false) {
+    if (!DirectRecvsReady() && !(catch_up && link::SharedWindows::Get().RecvsPending()))
+      return false;
+    return CollectDirectRecvsSlow(catch_up || unwatched_.load(std::memory_order_relaxed) > 0);
+  }
+  bool DirectRecvsReady() const {
+    for (const auto& w : watched_) {
+      const std::atomic<uint32_t>* s = w.load(std::memory_order_relaxed);
+      if (s && (s->load(std::memory_order_acquire) & 0xff) == link::direct_recv::kDone) return true;
+    }
+    return unwatched_.load(std::memory_order_relaxed) > 0 &&
+           link::SharedWindows::Get().RecvsPending();
+  }
   // An application thread armed a CQ to sleep until its event (see link::Endpoint).
   void PollerMaySleep() {
     if (endpoint_) endpoint_->PollerMaySleep();
@@ -111,6 +142,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void OnChannelClosed(link::Channel& ch) override;
   void OnChannelRoom(link::Channel& ch) override;
   void OnBatchEnd() override;
+  bool DirectWorkPending() override {
+    return DirectRecvsReady() || link::SharedWindows::Get().RecvsPending();
+  }
   int64_t OnTimers(int64_t now_ns) override;
 
   // Frames dropped because they were malformed (diagnostics and tests).
@@ -154,6 +188,13 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::vector<std::shared_ptr<Qp>> ack_batch_;      // OnBatchEnd's scratch
   std::vector<std::shared_ptr<Qp>> timer_scratch_;  // OnTimers' (under the link's progress mutex)
   std::atomic<uint64_t> malformed_{0};
+
+  // `count`: take the peers' count too (it costs a cache line the peers write).
+  bool CollectDirectRecvsSlow(bool count);
+  std::mutex direct_mu_;  // after a QP's lock
+  std::vector<std::shared_ptr<Qp>> direct_qps_;
+  std::atomic<const std::atomic<uint32_t>*> watched_[kWatchedRecvQueues] = {};
+  std::atomic<int> unwatched_{0};
 };
 
 }  // namespace softrdma::core

@@ -24,11 +24,14 @@ namespace {
 constexpr int kRemoteRights =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-// Same-host peers reach a region's memory directly when it lies in the arena.
+// Same-host peers reach a region's memory directly when it lies in the arena: for one-sided
+// operations its remote rights allow, and to place SENDs in the receive buffers of a QP that
+// published its receive queue (kRecvRight: the region is writable locally).
 void PublishWindow(const Mr& m) {
-  if (m.access & kRemoteRights)
-    link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length,
-                                       static_cast<uint32_t>(m.access & kRemoteRights));
+  uint32_t rights = static_cast<uint32_t>(m.access & kRemoteRights);
+  if (m.access & IBV_ACCESS_LOCAL_WRITE) rights |= link::kRecvRight;
+  if (rights)
+    link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length, rights);
 }
 
 }  // namespace
@@ -108,7 +111,7 @@ size_t MrTable::size() const {
 }
 
 uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
-                          bool local, KeyCheck* why, uint32_t qpn) const {
+                          bool local, KeyCheck* why, uint32_t qpn, uint64_t* iova) const {
   std::shared_lock<std::shared_mutex> g(mu_);
   auto it = by_key_.find(key);
   if (it == by_key_.end()) {
@@ -132,6 +135,7 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     return nullptr;
   }
   *why = KeyCheck::kOk;
+  if (iova) *iova = m.iova + (va - base);
   return m.addr + (va - base);
 }
 

@@ -56,8 +56,9 @@ class MrTable {
   // `pd`, covers the range, and grants every bit of `access`. `local` selects address space:
   // local SGEs address host memory directly, remote requests address the region's iova.
   // A remote key may also name a bound window; `qpn` is the QP the request came through.
+  // `iova`, when given, receives the address remote peers use for `va` (a region's key only).
   uint8_t* Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access, bool local,
-                   KeyCheck* why, uint32_t qpn = 0) const;
+                   KeyCheck* why, uint32_t qpn = 0, uint64_t* iova = nullptr) const;
 
   // Memory windows. Alloc returns the first key, whose upper 24 bits name the window.
   uint32_t AllocMw(const Pd* pd, int type);

@@ -64,8 +64,9 @@ void Qp::PublishEndpointLocked() {
   // The states in which the responder answers requests (docs/architecture.md §8).
   bool answers = state_ == IBV_QPS_RTR || state_ == IBV_QPS_RTS || state_ == IBV_QPS_SQD ||
                  state_ == IBV_QPS_SQE;
-  int rights = answers && !shut_down_ ? attr_.qp_access_flags & kRemote : 0;
-  link::SharedWindows::Get().SetEndpoint(qpn_, pd_->handle, static_cast<uint32_t>(rights));
+  uint32_t rights = answers && !shut_down_ ? attr_.qp_access_flags & kRemote : 0;
+  if (answers && !shut_down_ && direct_rq_) rights |= link::kRecvRight;
+  link::SharedWindows::Get().SetEndpoint(qpn_, pd_->handle, rights);
 }
 
 void Qp::RaiseAsync(ibv_event_type type) {
@@ -221,6 +222,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
       break;
     default:
       SetStateLocked(next);
+      OpenDirectRecvLocked();
       if (next == IBV_QPS_RTS) RunRequesterLocked();
       break;
   }
@@ -258,6 +260,7 @@ void Qp::ResetLocked() {
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
   room_wait_until_ = 0;
+  CloseDirectRecvLocked();
   if (rq_) rq_->Drain();
   rq_psn_ = sq_psn_ = msn_ = 0;
   rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
@@ -291,6 +294,7 @@ void Qp::EnterErrorLocked() {
   room_wait_until_ = 0;
   ack_pending_ = false;
   ResumeWaitingLocked();
+  CloseDirectRecvLocked();  // what the peer placed completes before the flushed WQEs
   if (rq_) {
     for (const RecvWqe& r : rq_->Drain()) {
       ibv_wc wc{};
@@ -489,6 +493,10 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
     return EINVAL;
   }
   int r = rq_->Post(wr, bad);
+  if (direct_rq_)
+    RefillDirectRecvLocked();
+  else
+    OpenDirectRecvLocked();
   datagram_wait_since_ = 0;
   ResumeWaitingLocked();
   if (state_ == IBV_QPS_ERR) {
@@ -539,7 +547,8 @@ void Qp::Shutdown() {
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
   ResumeWaitingLocked();
-  PublishEndpointLocked();      // closed to direct access
+  PublishEndpointLocked();  // closed to direct access
+  CloseDirectRecvLocked();
   hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
   for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {
@@ -595,7 +604,7 @@ void Qp::RxAbort(link::RxTarget& t) {
     } else if (srq_)
       srq_->PushFront(w.recv);
     else
-      rq_->PushFront(w.recv);
+      ReturnRecvLocked(w.recv);
   }
   // Nor does the PSN its header took count: left advanced, the retransmission of this request
   // would be ACKed as a duplicate without being executed (hostile_peer_test

@@ -18,6 +18,11 @@
 #include "core/wire.h"
 #include "link/link.h"
 
+namespace softrdma::link {
+struct DirectRecvQueue;
+class PeerWindows;
+}  // namespace softrdma::link
+
 namespace softrdma::core {
 
 class Context;
@@ -138,6 +143,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void OnRoom();
 
   void FlushAck();
+  // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
+  void CollectDirectRecvs();
   // Runs expired timers; returns the next deadline or INT64_MAX.
   int64_t OnTimer(int64_t now_ns);
 
@@ -168,8 +175,24 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void SetStateLocked(ibv_qp_state s);
   // Same-host peers may run one-sided operations on this QP's regions while it is RTS.
   void PublishEndpointLocked();
-  // An RDMA WRITE, READ or atomic done on the peer's memory directly; false: take the long way.
+  // An RDMA WRITE, READ, atomic or SEND done on the peer's memory directly; false: take the long
+  // way.
   bool TryDirectLocked(SendWqe& w);
+
+  // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
+  // local pieces (none for inline data).
+  bool TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
+                           const uint32_t* lens, uint32_t n);
+  link::DirectRecvQueue* DirectRqLocked() const;
+  void OpenDirectRecvLocked();
+  void RefillDirectRecvLocked();
+  void CollectDirectRecvsLocked();
+  bool UnpublishDirectRecvsLocked();
+  void CloseDirectRecvLocked();
+  // The own receive queue's next WQE, for a SEND that came as a frame; and back when it failed.
+  bool TakeOwnRecvLocked(RecvWqe* out);
+  void ReturnRecvLocked(const RecvWqe& w);
+  static uint32_t NonEmptySges(const RecvWqe& w);
   int ValidateWr(const ibv_send_wr& wr, bool type1_bind = false) const;
   // Binds and invalidations run when the requester reaches them, without a frame.
   ibv_wc_status RunLocalOpLocked(const SendWqe& w);
@@ -286,6 +309,12 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
 
   // Receive side.
   std::unique_ptr<RecvQueue> rq_;
+  // The head of rq_ published for a same-host peer's SENDs (direct_recv.cpp): WQEs
+  // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
+  link::DirectRecvQueue* direct_rq_ = nullptr;
+  bool direct_rq_refused_ = false;
+  int direct_watch_ = -1;  // its entry in the HCA's watched receive queues, if it has one
+  uint32_t direct_posted_ = 0, direct_collected_ = 0;
   static constexpr int64_t kDatagramWaitNs = 5'000'000;
   int64_t datagram_wait_since_ = 0;  // non-zero: a datagram waits (or waited) for a WQE
   std::vector<std::weak_ptr<link::Channel>> waiting_channels_;

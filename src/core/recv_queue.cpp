@@ -38,6 +38,11 @@ bool RecvQueue::Pop(RecvWqe* out) {
   return true;
 }
 
+const RecvWqe* RecvQueue::At(uint32_t i) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return &ring_[(head_ + i) % ring_.size()];
+}
+
 void RecvQueue::PushFront(const RecvWqe& w) {
   std::lock_guard<std::mutex> g(mu_);
   if (count_ == ring_.size()) return;  // cannot happen: the WQE came from this ring

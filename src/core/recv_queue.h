@@ -29,6 +29,8 @@ class RecvQueue {
   // request not queued.
   int Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   bool Pop(RecvWqe* out);
+  // The i-th queued WQE (i < size()); the caller keeps the queue from changing meanwhile.
+  const RecvWqe* At(uint32_t i) const;
   // Returns a WQE taken by a message that never completed (its connection died mid-frame, or
   // the request was refused after the WQE was taken): the next message uses it, as on hardware
   // where an unfinished message leaves the WQE at the head of the queue.

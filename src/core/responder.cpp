@@ -13,7 +13,7 @@
 namespace softrdma::core {
 bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
   if (xrc_srq) return xrc_srq->PopForQp(out);
-  return srq_ ? srq_->PopForQp(out) : rq_ && rq_->Pop(out);
+  return srq_ ? srq_->PopForQp(out) : rq_ && TakeOwnRecvLocked(out);
 }
 
 void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {

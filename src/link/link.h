@@ -111,6 +111,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual void Resume() {}
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.
   virtual PeerWindows* direct() { return nullptr; }
+  // After placing a SEND in the peer's receive queue directly: wakes the peer if it sleeps, so
+  // that it collects the completion (a consumer that declared itself asleep sees the placement
+  // first, or is woken).
+  virtual void NudgeIfAsleep() {}
   // Datagram flow control. True when frames towards the peer are backlogged beyond
   // kDatagramBacklogBytes; the sink then hears OnChannelRoom once the backlog has fallen below it
   // (or the channel closed). An unreliable sender waits meanwhile, as a NIC's send queue waits for
@@ -144,6 +148,9 @@ class FrameSink {
   virtual void OnChannelRoom(Channel& ch) = 0;
   // Called after each batch of inbound work: the place to flush coalesced acknowledgements.
   virtual void OnBatchEnd() = 0;
+  // Work that came without a frame (SENDs a same-host peer placed directly), which OnBatchEnd
+  // collects: a consumer about to sleep asks, after declaring itself asleep.
+  virtual bool DirectWorkPending() { return false; }
   // Runs due timers; returns the next deadline in CLOCK_MONOTONIC ns, or INT64_MAX.
   virtual int64_t OnTimers(int64_t now_ns) = 0;
 };

@@ -43,6 +43,7 @@ bool SharedWindows::EnsureLocked() {
     return false;
   }
   table_ = static_cast<WindowTable*>(m);  // zero-filled: every slot empty
+  table_ptr_.store(table_, std::memory_order_release);
   fd_ = fd;
   return true;
 }
@@ -101,10 +102,37 @@ void SharedWindows::SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights) {
   e.rights.store(rights, std::memory_order_release);
 }
 
+DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (id == 0 || !EnsureLocked()) return nullptr;
+  DirectRecvQueue& q = table_->recvs[id % kEndpointSlots];
+  uint32_t free = 0;
+  if (!q.owner.compare_exchange_strong(free, id, std::memory_order_acq_rel) && free != id)
+    return nullptr;
+  // No sender can be inside: the endpoint did not grant kRecvRight since the block was released.
+  q.posted.store(0, std::memory_order_relaxed);
+  q.taken.store(0, std::memory_order_relaxed);
+  for (DirectRecvSlot& s : q.slots) s.state.store(0, std::memory_order_relaxed);
+  return &q;
+}
+
+void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
+  if (q) q->owner.store(0, std::memory_order_release);
+}
+
+void SharedWindows::WaitRecvUsers(DirectRecvQueue* q) {
+  auto start = std::chrono::steady_clock::now();
+  while (q->users.load(std::memory_order_seq_cst) != 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
+    sched_yield();
+}
+
 void SharedWindows::AfterForkInChild() {
   // The child's regions and QPs are its own: a fresh table when it first needs one. The parent's
   // stays mapped (and leaked) here.
   table_ = nullptr;
+  table_ptr_.store(nullptr, std::memory_order_relaxed);
+  recvs_seen_.store(0, std::memory_order_relaxed);
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   new (&mu_) std::mutex();
@@ -140,6 +168,21 @@ PeerWindows::~PeerWindows() {
   munmap(arena_, arena_reserved_);
   close(table_fd_);
   close(arena_fd_);
+}
+
+DirectRecvQueue* PeerWindows::EnterRecvQueue(uint32_t endpoint) {
+  const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
+  DirectRecvQueue& q = table_->recvs[endpoint % kEndpointSlots];
+  if (!(ep.rights.load(std::memory_order_acquire) & kRecvRight)) return nullptr;
+  q.users.fetch_add(1, std::memory_order_seq_cst);
+  // Counted in first, then checked: an owner closing the endpoint either sees us or we see it.
+  if (ep.id.load(std::memory_order_seq_cst) != endpoint ||
+      !(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
+      q.owner.load(std::memory_order_acquire) != endpoint) {
+    LeaveRecvQueue(&q);
+    return nullptr;
+  }
+  return &q;
 }
 
 // Whether [0, end) of the arena exists in the file: beyond its size the mapping would fault.

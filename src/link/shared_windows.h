@@ -41,9 +41,61 @@ struct EndpointEntry {
 };
 static_assert(sizeof(EndpointEntry) == 16);
 
+// The right a window grants, and an endpoint takes, for a peer's SEND to land in it directly:
+// the window's region is writable locally (receive buffers), the endpoint's receive queue is
+// published below. Not an ibv_access_flags bit.
+constexpr uint32_t kRecvRight = 1u << 30;
+
+// The head of an endpoint's receive queue, published for the peer's SENDs (docs/architecture.md
+// §12, "Direct SENDs"). The owner publishes receive WQEs (at most kDirectRecvSlots ahead of the
+// completions it has collected); the one that takes a WQE — the sender, or the owner's own
+// responder for a SEND that came as a frame — advances `taken` by compare-and-swap, so a WQE is
+// taken once. A sender that placed the message marks the slot done and counts it in
+// WindowTable::recvs_done; the owner turns done slots into completions, in order.
+constexpr uint32_t kDirectRecvSlots = 8;
+constexpr uint32_t kDirectRecvSges = 3;
+namespace direct_recv {
+constexpr uint32_t kPosted = 1;   // owner: the WQE's scatter list is in the slot
+constexpr uint32_t kDone = 2;     // sender: the message is placed; byte_len, imm and flags are set
+constexpr uint32_t kWithImm = 1;  // slot flags
+constexpr uint32_t kSolicited = 2;  // slot flags
+}  // namespace direct_recv
+
+struct DirectRecvSge {
+  uint64_t addr;  // as the window of `key` names it (the region's iova)
+  uint32_t key;
+  uint32_t len;
+};
+static_assert(sizeof(DirectRecvSge) == 16);
+
+struct alignas(64) DirectRecvSlot {
+  DirectRecvSge sge[kDirectRecvSges];
+  uint32_t num_sge;
+  uint32_t byte_len;            // sender
+  uint32_t imm;                 // sender: as the work request gave it (network order)
+  std::atomic<uint32_t> state;  // direct_recv::k*; the flags ride in bits 8 and up
+};
+static_assert(sizeof(DirectRecvSlot) == 64);
+
+struct alignas(64) DirectRecvQueue {
+  std::atomic<uint32_t> owner;   // the endpoint id using this block, 0: free
+  std::atomic<uint32_t> posted;  // WQEs published (a count; slot = count % kDirectRecvSlots)
+  std::atomic<uint32_t> taken;   // WQEs taken, by the sender or the owner
+  std::atomic<uint32_t> users;   // senders inside
+  // The owner finds done slots by WindowTable::recvs_done, which senders then count up; else it
+  // watches the next slot itself.
+  std::atomic<uint32_t> counted;
+  char pad[44];
+  DirectRecvSlot slots[kDirectRecvSlots];
+};
+static_assert(sizeof(DirectRecvQueue) == 64 + 64 * kDirectRecvSlots);
+static_assert(offsetof(DirectRecvQueue, slots) == 64);
+
 struct WindowTable {
   WindowEntry windows[kWindowSlots];
   EndpointEntry endpoints[kEndpointSlots];
+  DirectRecvQueue recvs[kEndpointSlots];         // by endpoint id, like `endpoints`
+  alignas(64) std::atomic<uint64_t> recvs_done;  // senders: slots they marked done, ever
 };
 
 // This process's table (owner side).
@@ -59,12 +111,39 @@ class SharedWindows {
   void Withdraw(uint32_t key);
   // Endpoint `id` (its low bits pick the slot) takes these rights; 0 closes it.
   void SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights);
+  // The receive-queue block of endpoint `id`, claimed for it; nullptr when another endpoint holds
+  // the block or there is no table. Release gives it back (no sender may be inside: close the
+  // endpoint's kRecvRight and WaitRecvUsers first).
+  DirectRecvQueue* ClaimRecvQueue(uint32_t id);
+  void ReleaseRecvQueue(DirectRecvQueue* q);
+  // Waits (bounded, as Withdraw) until no sender is inside `q`.
+  static void WaitRecvUsers(DirectRecvQueue* q);
+  // Whether senders marked slots done since the last TakeRecvsDone (lock-free; a store-load fence
+  // first, so that a consumer that just declared itself asleep sees what came before).
+  bool RecvsPending() const {
+    WindowTable* t = table_ptr_.load(std::memory_order_acquire);
+    return t && t->recvs_done.load(std::memory_order_seq_cst) !=
+                    recvs_seen_.load(std::memory_order_relaxed);
+  }
+  // Notes that every slot done so far is being collected.
+  void TakeRecvsDone() {
+    WindowTable* t = table_ptr_.load(std::memory_order_acquire);
+    if (t)
+      recvs_seen_.store(t->recvs_done.load(std::memory_order_acquire), std::memory_order_relaxed);
+  }
+  // Whether `q` is a block of this process's table (not of the parent's, in a fork child).
+  bool Owns(const DirectRecvQueue* q) const {
+    WindowTable* t = table_ptr_.load(std::memory_order_relaxed);
+    return t && q >= t->recvs && q < t->recvs + kEndpointSlots;
+  }
   void AfterForkInChild();
 
  private:
   bool EnsureLocked();
   std::mutex mu_;  // owners: one writer at a time
   WindowTable* table_ = nullptr;
+  std::atomic<WindowTable*> table_ptr_{nullptr};  // table_, for the lock-free readers
+  std::atomic<uint64_t> recvs_seen_{0};
   int fd_ = -1;
 };
 
@@ -87,15 +166,26 @@ class PeerWindows {
     uint8_t* p = Enter(key, endpoint, addr, len, rights, &w);
     if (!p) return Access::kRefused;
     fn(p);
-    w->users.fetch_sub(1, std::memory_order_release);
+    Leave(w);
     return Access::kDone;
   }
+  // The host address of the range, with the peer counted in on `*w` until Leave(*w); nullptr when
+  // refused.
+  uint8_t* Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
+                 WindowEntry** w);
+  static void Leave(WindowEntry* w) { w->users.fetch_sub(1, std::memory_order_release); }
+
+  // The receive queue of endpoint `endpoint`, with the sender counted in (LeaveRecvQueue after),
+  // when the endpoint is open to direct SENDs; nullptr otherwise.
+  DirectRecvQueue* EnterRecvQueue(uint32_t endpoint);
+  static void LeaveRecvQueue(DirectRecvQueue* q) {
+    q->users.fetch_sub(1, std::memory_order_release);
+  }
+  // Counts a slot marked done (after its state), for the owner to collect.
+  void NoteRecvDone() { table_->recvs_done.fetch_add(1, std::memory_order_seq_cst); }
 
  private:
   PeerWindows() = default;
-  // The host address of the range, with the peer counted in on `*w`; nullptr when refused.
-  uint8_t* Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
-                 WindowEntry** w);
   bool ArenaCovers(uint64_t end);
 
   WindowTable* table_ = nullptr;

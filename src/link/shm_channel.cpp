@@ -540,6 +540,10 @@ bool ShmChannel::RoomFreedLocked() {
   return true;
 }
 
+void ShmChannel::NudgeIfAsleep() {
+  if (ready_.load(std::memory_order_acquire) && !closed() && tx_.TakeSleeper()) Ring(doorbell_out_);
+}
+
 void ShmChannel::OnDoorbell() {
   uint64_t v;
   ssize_t r = read(doorbell_in_, &v, sizeof v);

@@ -36,6 +36,7 @@ class ShmChannel final : public ServedChannel {
   bool is_loopback() const override { return false; }
   void Abort() override { dead_ = true; }
   PeerWindows* direct() override { return peer_windows_.load(std::memory_order_acquire); }
+  void NudgeIfAsleep() override;
 
   int fd() const { return sock_; }
   bool frames_are_cheap() const override { return true; }

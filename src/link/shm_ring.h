@@ -139,6 +139,12 @@ class ShmRingProducer {
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
     return true;
   }
+  // True (once) when the consumer declared itself asleep: the caller rings. After a store the
+  // consumer must see (a store-load fence orders them against its declaration).
+  bool TakeSleeper() {
+    return c_->consumer_asleep.load(std::memory_order_seq_cst) != 0 &&
+           c_->consumer_asleep.exchange(0, std::memory_order_relaxed) != 0;
+  }
   // Asks for the doorbell when room for two records of `bytes` frees. False when it freed
   // meanwhile (try again now).
   bool WaitForRoom(uint32_t bytes) { return AskForRoom(kShmRingBytes - uint64_t{bytes} * 2); }

@@ -1,0 +1,278 @@
+// SENDs between same-host peers without frames (docs/architecture.md §12, "Direct SENDs"): an RC
+// QP whose path is the shared-memory link publishes the head of its receive queue
+// (link::DirectRecvQueue); the peer's requester takes a published WQE, places the message in its
+// buffers and marks it done; the owner turns done WQEs into receive completions, in order. A
+// message that cannot go so (nothing published, a buffer too small or not shared, anything
+// outstanding on the sender's QP) takes the long way, where the responder takes WQEs from the same
+// queue and answers with RNR NAKs and errors as ever.
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "core/cq.h"
+#include "core/hca.h"
+#include "core/limits.h"
+#include "core/mr.h"
+#include "core/qp.h"
+#include "link/place.h"
+#include "link/shared_windows.h"
+
+namespace softrdma::core {
+namespace {
+
+using link::DirectRecvQueue;
+using link::DirectRecvSlot;
+using link::kDirectRecvSlots;
+namespace dr = link::direct_recv;
+
+DirectRecvSlot& SlotOf(DirectRecvQueue* q, uint32_t index) {
+  return q->slots[index % kDirectRecvSlots];
+}
+
+}  // namespace
+
+// Owner side. Every function here runs under the QP's lock.
+
+link::DirectRecvQueue* Qp::DirectRqLocked() const {
+  return direct_rq_ && link::SharedWindows::Get().Owns(direct_rq_) ? direct_rq_ : nullptr;
+}
+
+void Qp::OpenDirectRecvLocked() {
+  if (direct_rq_ || direct_rq_refused_ || type_ != IBV_QPT_RC || !rq_ || shut_down_) return;
+  if (state_ != IBV_QPS_RTR && state_ != IBV_QPS_RTS) return;
+  if (!av_.channel || !av_.channel->direct()) return;  // not a same-host peer we reach directly
+  DirectRecvQueue* q = link::SharedWindows::Get().ClaimRecvQueue(qpn_);
+  if (!q) {
+    direct_rq_refused_ = true;  // another QP's number shares the block: frames only
+    return;
+  }
+  direct_rq_ = q;
+  direct_posted_ = direct_collected_ = 0;
+  direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state);
+  q->counted.store(direct_watch_ < 0, std::memory_order_relaxed);  // before kRecvRight is granted
+  RefillDirectRecvLocked();
+  PublishEndpointLocked();
+}
+
+// Publishes the WQEs after those already published, while they fit and can be reached directly:
+// at most kDirectRecvSges pieces, each in a region that is shared and writable locally.
+void Qp::RefillDirectRecvLocked() {
+  DirectRecvQueue* q = DirectRqLocked();
+  // Refilled when half is taken, not per WQE: the slots' lines then move to the peer once for
+  // several messages.
+  if (!q || direct_posted_ - direct_collected_ > kDirectRecvSlots / 2) return;
+  const uint32_t queued = rq_->size();
+  bool published = false;
+  while (direct_posted_ - direct_collected_ < kDirectRecvSlots &&
+         direct_posted_ - direct_collected_ < queued) {
+    const RecvWqe* w = rq_->At(direct_posted_ - direct_collected_);
+    if (w->num_sge > link::kDirectRecvSges) break;
+    DirectRecvSlot& s = SlotOf(q, direct_posted_);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < w->num_sge; ++i) {
+      const ibv_sge& g = w->sge[i];
+      if (g.length == 0) continue;
+      KeyCheck why;
+      uint64_t iova;
+      if (!hca_.mrs().Resolve(g.lkey, pd_, g.addr, g.length, IBV_ACCESS_LOCAL_WRITE, true, &why, 0,
+                              &iova))
+        break;
+      s.sge[n++] = link::DirectRecvSge{iova, g.lkey, g.length};
+    }
+    if (n != NonEmptySges(*w)) break;  // a piece the peer cannot reach: frames only
+    s.num_sge = n;
+    s.state.store(dr::kPosted, std::memory_order_relaxed);
+    ++direct_posted_;
+    published = true;
+  }
+  if (published) q->posted.store(direct_posted_, std::memory_order_release);
+}
+
+uint32_t Qp::NonEmptySges(const RecvWqe& w) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) n += w.sge[i].length != 0;
+  return n;
+}
+
+// Turns the WQEs the peer marked done, in order, into receive completions.
+void Qp::CollectDirectRecvsLocked() {
+  DirectRecvQueue* q = DirectRqLocked();
+  if (!q) return;
+  bool any = false;
+  while (direct_collected_ != direct_posted_) {
+    DirectRecvSlot& s = SlotOf(q, direct_collected_);
+    uint32_t st = s.state.load(std::memory_order_acquire);
+    if ((st & 0xff) != dr::kDone) break;
+    RecvWqe w;
+    if (!rq_->Pop(&w)) break;  // cannot happen: a published WQE stays queued until collected
+    ++direct_collected_;
+    any = true;
+    const uint32_t flags = st >> 8;
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = IBV_WC_RECV;
+    wc.byte_len = s.byte_len;
+    if (flags & dr::kWithImm) {
+      wc.wc_flags = IBV_WC_WITH_IMM;
+      wc.imm_data = s.imm;
+    }
+    wc.qp_num = qpn_;
+    wc.src_qp = attr_.dest_qp_num;
+    wc.slid = av_.attr.dlid;
+    wc.sl = av_.attr.sl;
+    s.state.store(0, std::memory_order_relaxed);
+    if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
+      comm_est_raised_ = true;
+      RaiseAsync(IBV_EVENT_COMM_EST);
+    }
+    PushRecvCompletionLocked(0, wc, (flags & dr::kSolicited) != 0);
+  }
+  if (any) {
+    RefillDirectRecvLocked();
+    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+  }
+}
+
+void Qp::CollectDirectRecvs() {
+  std::lock_guard<std::mutex> g(mu_);
+  CollectDirectRecvsLocked();
+}
+
+// The responder takes a WQE for a SEND that came as a frame. Published WQEs are taken by
+// compare-and-swap, as the peer takes them; those the peer took come first.
+bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
+  DirectRecvQueue* q = DirectRqLocked();
+  if (!q) return rq_->Pop(out);
+  CollectDirectRecvsLocked();
+  if (q->taken.load(std::memory_order_acquire) != direct_collected_)
+    return false;  // the peer is placing one: this SEND overtook it (the peer sent it after)
+  if (direct_collected_ != direct_posted_) {
+    uint32_t expected = direct_collected_;
+    if (!q->taken.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
+      return false;
+    SlotOf(q, direct_collected_).state.store(0, std::memory_order_relaxed);
+    ++direct_collected_;
+    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+  }
+  if (!rq_->Pop(out)) return false;
+  RefillDirectRecvLocked();
+  return true;
+}
+
+// Takes back every published WQE the peer has not taken: from now on they are the owner's (the
+// peer's compare-and-swap fails), unpublished and still queued. False when the peer is placing one.
+bool Qp::UnpublishDirectRecvsLocked() {
+  DirectRecvQueue* q = DirectRqLocked();
+  if (!q) return true;
+  CollectDirectRecvsLocked();
+  uint32_t expected = direct_collected_;
+  if (!q->taken.compare_exchange_strong(expected, direct_posted_, std::memory_order_acq_rel))
+    return false;
+  direct_collected_ = direct_posted_;
+  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+  return true;
+}
+
+// A WQE the responder took goes back to the head of the queue (RxAbort): the published ones
+// behind it are taken back first, so that what is published stays the head of the queue.
+void Qp::ReturnRecvLocked(const RecvWqe& w) {
+  if (!UnpublishDirectRecvsLocked()) return;  // cannot happen: see TakeOwnRecvLocked
+  rq_->PushFront(w);
+  RefillDirectRecvLocked();
+}
+
+// Closes the queue to the peer and collects what it placed; WQEs it took and never finished (it
+// died inside) go back to the queue, to be flushed or used by frames.
+void Qp::CloseDirectRecvLocked() {
+  DirectRecvQueue* q = DirectRqLocked();
+  direct_rq_ = nullptr;  // in a fork child, the parent's: left alone
+  direct_rq_refused_ = false;
+  if (!q) return;
+  PublishEndpointLocked();  // no kRecvRight: no sender enters from now on
+  link::SharedWindows::WaitRecvUsers(q);
+  direct_rq_ = q;
+  CollectDirectRecvsLocked();
+  direct_rq_ = nullptr;
+  link::SharedWindows::Get().ReleaseRecvQueue(q);
+  hca_.RemoveDirectRecv(this, direct_watch_);
+  direct_watch_ = -1;
+}
+
+// Requester side: a SEND placed in the peer's receive buffers. Runs under the sender QP's lock.
+bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
+                             const uint32_t* lens, uint32_t n) {
+  const uint32_t dqpn = attr_.dest_qp_num;
+  DirectRecvQueue* q = peer->EnterRecvQueue(dqpn);
+  if (!q) return false;
+  struct Leave {
+    DirectRecvQueue* q;
+    link::WindowEntry* win[link::kDirectRecvSges] = {};
+    ~Leave() {
+      for (link::WindowEntry* e : win)
+        if (e) link::PeerWindows::Leave(e);
+      link::PeerWindows::LeaveRecvQueue(q);
+    }
+  } leave{q};
+  const uint32_t t = q->taken.load(std::memory_order_acquire);
+  const uint32_t published = q->posted.load(std::memory_order_acquire) - t;
+  if (published == 0 || published > kDirectRecvSlots) return false;
+  DirectRecvSlot& s = SlotOf(q, t);
+  if ((s.state.load(std::memory_order_acquire) & 0xff) != dr::kPosted) return false;
+  // The slot's scatter list, read once: the owner may rewrite it if it takes the slot back.
+  link::DirectRecvSge sge[link::kDirectRecvSges];
+  const uint32_t nsge = s.num_sge;
+  if (nsge > link::kDirectRecvSges) return false;
+  std::memcpy(sge, s.sge, sizeof sge);
+  uint8_t* dst[link::kDirectRecvSges];
+  uint32_t cap[link::kDirectRecvSges];
+  uint32_t left = w.length, pieces = 0;
+  for (uint32_t i = 0; i < nsge && left > 0; ++i) {
+    cap[pieces] = sge[i].len < left ? sge[i].len : left;
+    dst[pieces] = peer->Enter(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight,
+                              &leave.win[pieces]);
+    if (!dst[pieces]) return false;  // the responder reports it (LOC_PROT_ERR there)
+    left -= cap[pieces++];
+  }
+  if (left > 0) return false;  // too small: LOC_LEN_ERR by the long way
+  uint32_t expected = t;
+  if (!q->taken.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) return false;
+
+  // Scatter the payload (inline, or gathered from the local pieces) into the peer's buffers.
+  uint32_t di = 0, doff = 0;
+  auto put = [&](const uint8_t* src, uint32_t len) {
+    while (len > 0) {
+      uint32_t c = len < cap[di] - doff ? len : cap[di] - doff;
+      link::PlaceBytes(dst[di] + doff, src, c);
+      src += c;
+      len -= c;
+      doff += c;
+      if (doff == cap[di]) {
+        ++di;
+        doff = 0;
+      }
+    }
+  };
+  if (w.length > 0) {
+    if (w.num_sge == 0) {
+      put(w.inline_buf, w.length);
+    } else {
+      for (uint32_t i = 0; i < n; ++i) put(local[i], lens[i]);
+    }
+  }
+  s.byte_len = w.length;
+  uint32_t flags = 0;
+  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+    s.imm = w.imm_or_rkey;
+    flags |= dr::kWithImm;
+  }
+  if (w.send_flags & IBV_SEND_SOLICITED) flags |= dr::kSolicited;
+  // Sequentially consistent, as the count: a consumer that declares itself asleep and then looks
+  // sees the slot done, or NudgeIfAsleep sees its declaration.
+  s.state.store(dr::kDone | flags << 8, std::memory_order_seq_cst);
+  if (q->counted.load(std::memory_order_relaxed)) peer->NoteRecvDone();
+  av_.channel->NudgeIfAsleep();
+  return true;
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,336 @@
+// SENDs between same-host peers placed without frames (architecture §12, "Direct SENDs"): the
+// receiver publishes the head of its receive queue, the sender places the message and completes at
+// once, the receiver turns it into its completion. Everything a frame would have done must hold:
+// completion fields, scatter lists, order with SENDs that still go as frames, errors, wake-ups,
+// flushes. Each test runs against a forked peer on the shared-memory link; receive buffers are
+// whole pages of anonymous memory (what the link shares), except where a test wants a frame.
+#include <infiniband/verbs.h>
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include "support/semantics_harness.h"
+
+#include <cstring>
+
+namespace {
+
+using namespace semantics;
+
+constexpr size_t kRegion = 64 << 10;
+
+// Page-aligned anonymous memory, registered: the shared-memory link can share it.
+struct Region {
+  uint8_t* p = nullptr;
+  ibv_mr* mr = nullptr;
+  bool Make(ibv_pd* pd) {
+    void* m = mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return false;
+    p = static_cast<uint8_t*>(m);
+    mr = ibv_reg_mr(pd, p, kRegion, kAllAccess);
+    return mr != nullptr;
+  }
+  ~Region() { Free(); }
+  void Free() {
+    if (mr) ibv_dereg_mr(mr);
+    if (p) munmap(p, kRegion);
+    mr = nullptr;
+    p = nullptr;
+  }
+  ibv_sge Sge(size_t off, uint32_t len) const {
+    return ibv_sge{reinterpret_cast<uintptr_t>(p) + off, len, mr->lkey};
+  }
+};
+
+uint8_t Pattern(size_t i) {
+  return static_cast<uint8_t>(i * 31 + 7);
+}
+
+int PostRecvSges(ibv_qp* qp, std::vector<ibv_sge> sges, uint64_t wr_id) {
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = sges.data();
+  wr.num_sge = static_cast<int>(sges.size());
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(qp, &wr, &bad);
+}
+
+// What the sending child is told to send, one message per order.
+struct Order {
+  uint32_t len;
+  uint32_t imm;  // 0: a plain SEND
+  uint8_t solicited;
+};
+
+// The sending child: a connected QP and a region of Pattern bytes. For each Order it sends one
+// message from the region's start and waits for its completion, reporting its status; 'x' ends.
+int Sender(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  Region r;
+  if (!r.Make(c.v.pd)) return 20;
+  for (size_t i = 0; i < kRegion; ++i) r.p[i] = Pattern(i);
+  for (;;) {
+    char kind;
+    if (!p.Recv(&kind)) return 21;
+    if (kind == 'x') return 0;
+    Order ord;
+    if (!p.Recv(&ord)) return 22;
+    SendArgs s;
+    s.opcode = ord.imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    s.imm = ord.imm;
+    s.flags = IBV_SEND_SIGNALED | (ord.solicited ? unsigned{IBV_SEND_SOLICITED} : 0u);
+    if (ord.len) s.sges = {r.Sge(0, ord.len)};
+    if (Post(c.q->qp, s)) return 23;
+    ibv_wc wc{};
+    int st = PollOne(c.q->scq, &wc, std::chrono::seconds(10)) ? wc.status : -1;
+    if (!p.Send(st)) return 24;
+  }
+}
+
+class DirectSend : public VerbsTest {
+ protected:
+  // A QP connected to a Sender child, and a shared region to receive into.
+  void Connect(const QpOpts& o = {}) {
+    opts = o;
+    q = v.NewQp(o);
+    ASSERT_NE(q, nullptr);
+    ASSERT_TRUE(region.Make(v.pd));
+    ASSERT_TRUE(child.Start([o](int up, int down) { return Sender(ChildPipe{up, down}, o); }));
+    Remote theirs;
+    ASSERT_TRUE(child.Recv(&theirs));
+    ASSERT_TRUE(child.Send(v.RemoteOf(q)));
+    ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
+    peer_qpn = theirs.qpn;
+  }
+  // Has the child send one message; returns its send completion's status (-1: none came).
+  int Send(uint32_t len, uint32_t imm = 0, bool solicited = false) {
+    Order ord{len, imm, static_cast<uint8_t>(solicited)};
+    int st = -1;
+    if (!child.Send('s') || !child.Send(ord) || !child.Recv(&st, std::chrono::seconds(15)))
+      return -1;
+    return st;
+  }
+  void TearDown() override {
+    child.Send('x');
+    EXPECT_EQ(child.Wait(), 0) << "the sending child failed";
+    region.Free();  // before the device closes
+    VerbsTest::TearDown();
+  }
+  bool Holds(size_t at, size_t len, size_t pattern_from = 0) const {
+    for (size_t i = 0; i < len; ++i)
+      if (region.p[at + i] != Pattern(pattern_from + i)) return false;
+    return true;
+  }
+
+  QpOpts opts;
+  Qp* q = nullptr;
+  Region region;
+  ForkedPeer child;
+  uint32_t peer_qpn = 0;
+};
+
+TEST_F(DirectSend, ACompletionCarriesWhatAFrameWouldHave) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(100, 4096)}, 41), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(8192, 4096)}, 42), 0);
+  ASSERT_EQ(Send(1000), IBV_WC_SUCCESS);
+  ASSERT_EQ(Send(12, 0xabcd1234u, true), IBV_WC_SUCCESS);
+  auto wcs = PollN(q->rcq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 41u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_RECV);
+  EXPECT_EQ(wcs[0].byte_len, 1000u);
+  EXPECT_EQ(wcs[0].wc_flags & IBV_WC_WITH_IMM, 0u);
+  EXPECT_EQ(wcs[0].qp_num, q->qpn());
+  EXPECT_EQ(wcs[0].src_qp, peer_qpn);
+  EXPECT_EQ(wcs[1].wr_id, 42u);
+  EXPECT_EQ(wcs[1].byte_len, 12u);
+  EXPECT_TRUE(wcs[1].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(ntohl(wcs[1].imm_data), 0xabcd1234u);
+  EXPECT_TRUE(Holds(100, 1000));
+  EXPECT_TRUE(Holds(8192, 12));
+  EXPECT_NE(region.p[8192 + 12], Pattern(12)) << "bytes beyond the message were written";
+}
+
+TEST_F(DirectSend, AMessageIsScatteredOverTheReceiveWqesPieces) {
+  Connect();
+  ASSERT_EQ(
+      PostRecvSges(q->qp, {region.Sge(0, 10), region.Sge(4096, 3000), region.Sge(20000, 5000)}, 7),
+      0);
+  ASSERT_EQ(Send(6000), IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 6000u);
+  EXPECT_TRUE(Holds(0, 10, 0));
+  EXPECT_TRUE(Holds(4096, 3000, 10));
+  EXPECT_TRUE(Holds(20000, 2990, 3010));
+  EXPECT_EQ(region.p[20000 + 2990], 0) << "the third piece was written beyond the message";
+}
+
+// The receiving child: posts one 256-byte receive in a shared region, says 'r', and on 'c' waits
+// for its completion and checks the bytes (Pattern); answers 'K' or what went wrong.
+int Receiver(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  Region r;
+  if (!r.Make(c.v.pd)) return 20;
+  if (PostRecvSges(c.q->qp, {r.Sge(0, 256)}, 77) || !p.Send('r')) return 21;
+  char go;
+  if (!p.Recv(&go)) return 22;
+  ibv_wc wc{};
+  char verdict = 'K';
+  if (!PollOne(c.q->rcq, &wc, std::chrono::seconds(10)))
+    verdict = 'n';
+  else if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 77 || wc.byte_len != 256)
+    verdict = 'w';
+  else
+    for (size_t i = 0; i < 256; ++i)
+      if (r.p[i] != Pattern(i)) verdict = 'd';
+  return p.Send(verdict) ? 0 : 23;
+}
+
+// The direct way needs nothing of the receiving process: with it stopped, the sender's completion
+// comes at once (a frame waits for the receiver's acknowledgement, and would fail once the
+// retries ran out), and the receiver finds the message when it runs again.
+TEST(DirectSendTo, AStoppedPeerStillReceivesAndTheSenderCompletesAtOnce) {
+  Verbs v;
+  ASSERT_TRUE(v.Open());
+  QpOpts o;
+  o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
+  Qp* q = v.NewQp(o);
+  ASSERT_NE(q, nullptr);
+  Region region;
+  ASSERT_TRUE(region.Make(v.pd));
+  for (size_t i = 0; i < kRegion; ++i) region.p[i] = Pattern(i);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return Receiver(ChildPipe{up, down}, o); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(q)));
+  ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
+  char ready;
+  ASSERT_TRUE(child.Recv(&ready));
+  // Its receive published, the peer opens no more doors than it had: stop it.
+  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  SendArgs s;
+  s.sges = {region.Sge(0, 256)};
+  ASSERT_EQ(Post(q->qp, s), 0);
+  ibv_wc wc{};
+  bool completed = PollOne(q->scq, &wc, std::chrono::seconds(2));
+  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  ASSERT_TRUE(completed) << "no send completion while the receiver was stopped";
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_TRUE(child.Send('c'));
+  char verdict = 0;
+  ASSERT_TRUE(child.Recv(&verdict));
+  EXPECT_EQ(verdict, 'K');
+  EXPECT_EQ(child.Wait(), 0);
+}
+
+// SENDs that take the long way (the second WQE's buffer is not shared) and SENDs placed
+// directly complete in the order of the receive queue, with their own data.
+TEST_F(DirectSend, DirectAndFramedSendsCompleteInReceiveQueueOrder) {
+  Connect();
+  Buffer* small = Buf(512);  // heap memory, not shared: its WQE is not published
+  ASSERT_NE(small, nullptr);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 512)}, 1), 0);
+  ASSERT_EQ(PostRecv(q->qp, *small, 0, 512, 2), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(4096, 512)}, 3), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(8192, 512)}, 4), 0);
+  for (uint32_t len : {100u, 200u, 300u, 400u}) ASSERT_EQ(Send(len), IBV_WC_SUCCESS);
+  auto wcs = PollN(q->rcq, 4);
+  ASSERT_EQ(wcs.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, i + 1) << "completion " << i;
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << "completion " << i;
+    EXPECT_EQ(wcs[i].byte_len, 100u * (i + 1)) << "completion " << i;
+  }
+  EXPECT_TRUE(Holds(0, 100));
+  for (size_t i = 0; i < 200; ++i) ASSERT_EQ(small->data()[i], Pattern(i));
+  EXPECT_TRUE(Holds(4096, 300));
+  EXPECT_TRUE(Holds(8192, 400));
+}
+
+// A buffer too small is the receiver's LOC_LEN_ERR and the sender's remote error, as on frames.
+TEST_F(DirectSend, AMessageLargerThanTheBufferFailsBothSides) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, 9), 0);
+  EXPECT_EQ(Send(65), IBV_WC_REM_INV_REQ_ERR);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 9u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_LEN_ERR);
+}
+
+// Without a receive WQE the SEND takes the long way and waits (RNR) until one is posted.
+TEST_F(DirectSend, ASendWithoutAReceiveWaitsForOne) {
+  Connect();
+  Order ord{128, 0, 0};
+  ASSERT_TRUE(child.Send('s') && child.Send(ord));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 3), 0);
+  int st = -1;
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 3u);
+  EXPECT_TRUE(Holds(0, 128));
+}
+
+// A process blocked on its completion channel is woken by a SEND placed directly.
+TEST_F(DirectSend, AReceiverBlockedOnItsChannelIsWoken) {
+  ibv_comp_channel* ch = v.NewChannel();
+  ASSERT_NE(ch, nullptr);
+  QpOpts o;
+  o.recv_cq = v.NewCq(64, ch);
+  ASSERT_NE(o.recv_cq, nullptr);
+  Connect(o);
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, round), 0);
+    ASSERT_EQ(ibv_req_notify_cq(q->rcq, 0), 0);
+    ibv_wc wc{};
+    ASSERT_EQ(ibv_poll_cq(q->rcq, 1, &wc), 0);
+    Order ord{64, 0, 0};
+    ASSERT_TRUE(child.Send('s') && child.Send(ord));
+    ASSERT_TRUE(Readable(ch->fd, std::chrono::seconds(5))) << "round " << round << ": not woken";
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    ASSERT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+    ibv_ack_cq_events(ev_cq, 1);
+    ASSERT_TRUE(PollOne(q->rcq, &wc));
+    EXPECT_EQ(wc.wr_id, static_cast<uint64_t>(round));
+    int st = -1;
+    ASSERT_TRUE(child.Recv(&st));
+    EXPECT_EQ(st, IBV_WC_SUCCESS);
+  }
+}
+
+// A message placed before the receiver's QP enters the error state completes successfully,
+// ahead of the flushed WQEs behind it.
+TEST_F(DirectSend, WhatArrivedBeforeAnErrorCompletesBeforeTheFlush) {
+  Connect();
+  for (uint64_t id = 1; id <= 3; ++id)
+    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(id * 4096, 256)}, id), 0);
+  ASSERT_EQ(Send(50), IBV_WC_SUCCESS);  // this process has not polled yet
+  ASSERT_EQ(ToErr(q->qp), 0);
+  auto wcs = PollN(q->rcq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[0].byte_len, 50u);
+  EXPECT_TRUE(Holds(4096, 50));
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, i + 1);
+    EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR);
+  }
+}
+
+}  // namespace
