@@ -48,7 +48,7 @@ void Qp::OpenDirectRecvLocked() {
   }
   direct_rq_ = q;
   direct_posted_ = direct_collected_ = 0;
-  direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state);
+  direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state, 0);
   q->counted.store(direct_watch_ < 0, std::memory_order_relaxed);  // before kRecvRight is granted
   RefillDirectRecvLocked();
   PublishEndpointLocked();
@@ -81,7 +81,7 @@ void Qp::RefillDirectRecvLocked() {
     }
     if (n != NonEmptySges(*w)) break;  // a piece the peer cannot reach: frames only
     s.num_sge = n;
-    s.state.store(dr::kPosted, std::memory_order_relaxed);
+    s.state.store(dr::State(dr::kPosted, direct_posted_), std::memory_order_relaxed);
     ++direct_posted_;
     published = true;
   }
@@ -102,12 +102,12 @@ void Qp::CollectDirectRecvsLocked() {
   while (direct_collected_ != direct_posted_) {
     DirectRecvSlot& s = SlotOf(q, direct_collected_);
     uint32_t st = s.state.load(std::memory_order_acquire);
-    if ((st & 0xff) != dr::kDone) break;
+    if (!dr::Is(st, dr::kDone, direct_collected_)) break;
     RecvWqe w;
     if (!rq_->Pop(&w)) break;  // cannot happen: a published WQE stays queued until collected
     ++direct_collected_;
     any = true;
-    const uint32_t flags = st >> 8;
+    const uint32_t flags = (st >> 8) & 0xff;
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = IBV_WC_SUCCESS;
@@ -121,7 +121,6 @@ void Qp::CollectDirectRecvsLocked() {
     wc.src_qp = attr_.dest_qp_num;
     wc.slid = av_.attr.dlid;
     wc.sl = av_.attr.sl;
-    s.state.store(0, std::memory_order_relaxed);
     if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
       comm_est_raised_ = true;
       RaiseAsync(IBV_EVENT_COMM_EST);
@@ -130,13 +129,20 @@ void Qp::CollectDirectRecvsLocked() {
   }
   if (any) {
     RefillDirectRecvLocked();
-    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
   }
 }
 
 void Qp::CollectDirectRecvs() {
   std::lock_guard<std::mutex> g(mu_);
   CollectDirectRecvsLocked();
+}
+
+bool Qp::TryCollectDirectRecvs() {
+  std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+  if (!g.owns_lock()) return false;
+  CollectDirectRecvsLocked();
+  return true;
 }
 
 // The responder takes a WQE for a SEND that came as a frame. Published WQEs are taken by
@@ -151,9 +157,8 @@ bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
     uint32_t expected = direct_collected_;
     if (!q->taken.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
       return false;
-    SlotOf(q, direct_collected_).state.store(0, std::memory_order_relaxed);
     ++direct_collected_;
-    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
   }
   if (!rq_->Pop(out)) return false;
   RefillDirectRecvLocked();
@@ -170,7 +175,7 @@ bool Qp::UnpublishDirectRecvsLocked() {
   if (!q->taken.compare_exchange_strong(expected, direct_posted_, std::memory_order_acq_rel))
     return false;
   direct_collected_ = direct_posted_;
-  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state);
+  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
   return true;
 }
 
@@ -218,7 +223,10 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   const uint32_t published = q->posted.load(std::memory_order_acquire) - t;
   if (published == 0 || published > kDirectRecvSlots) return false;
   DirectRecvSlot& s = SlotOf(q, t);
-  if ((s.state.load(std::memory_order_acquire) & 0xff) != dr::kPosted) return false;
+  // Exclusive at once: the slot is read, then written (a read alone fetches a shared copy, and the
+  // write then costs a second transfer).
+  __builtin_prefetch(&s, 1);
+  if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
   // The slot's scatter list, read once: the owner may rewrite it if it takes the slot back.
   link::DirectRecvSge sge[link::kDirectRecvSges];
   const uint32_t nsge = s.num_sge;
@@ -269,7 +277,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   if (w.send_flags & IBV_SEND_SOLICITED) flags |= dr::kSolicited;
   // Sequentially consistent, as the count: a consumer that declares itself asleep and then looks
   // sees the slot done, or NudgeIfAsleep sees its declaration.
-  s.state.store(dr::kDone | flags << 8, std::memory_order_seq_cst);
+  s.state.store(dr::State(dr::kDone, t, flags), std::memory_order_seq_cst);
   if (q->counted.load(std::memory_order_relaxed)) peer->NoteRecvDone();
   av_.channel->NudgeIfAsleep();
   return true;

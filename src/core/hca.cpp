@@ -322,12 +322,13 @@ void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
   if (endpoint_) endpoint_->Wake();
 }
 
-int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state) {
+int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state,
+                       uint32_t index) {
   std::lock_guard<std::mutex> g(direct_mu_);
   direct_qps_.push_back(std::move(qp));
   for (int i = 0; i < kWatchedRecvQueues; ++i)
     if (!watched_[i].load(std::memory_order_relaxed)) {
-      watched_[i].store(next_state, std::memory_order_relaxed);
+      watched_[i].store(Watch(next_state, index), std::memory_order_relaxed);
       return i;
     }
   unwatched_.fetch_add(1, std::memory_order_relaxed);
@@ -337,7 +338,7 @@ int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next
 void Hca::RemoveDirectRecv(const Qp* qp, int watch) {
   std::lock_guard<std::mutex> g(direct_mu_);
   if (watch >= 0)
-    watched_[watch].store(nullptr, std::memory_order_relaxed);
+    watched_[watch].store(0, std::memory_order_relaxed);
   else
     unwatched_.fetch_sub(1, std::memory_order_relaxed);
   for (size_t i = 0; i < direct_qps_.size(); ++i)
@@ -348,10 +349,19 @@ void Hca::RemoveDirectRecv(const Qp* qp, int watch) {
     }
 }
 
-bool Hca::CollectDirectRecvsSlow(bool count) {
+bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
   // The count first, then the slots: a slot done after this load counts again.
   if (count) link::SharedWindows::Get().TakeRecvsDone();
-  // Copied: a QP's lock comes before direct_mu_. Kept per thread: a collection allocates nothing.
+  if (!wait) {
+    // A QP's lock comes before direct_mu_: under it, QPs are only tried. One that is busy is
+    // collected by a later poll (its watched slot still says done; the count is kept pending).
+    std::lock_guard<std::mutex> g(direct_mu_);
+    bool all = true;
+    for (auto& qp : direct_qps_) all = qp->TryCollectDirectRecvs() && all;
+    if (!all) link::SharedWindows::Get().KeepRecvsPending();
+    return true;
+  }
+  // Copied, to wait for each QP's lock. Kept per thread: a collection allocates nothing.
   thread_local std::vector<std::shared_ptr<Qp>> qps;
   {
     std::lock_guard<std::mutex> g(direct_mu_);
@@ -363,7 +373,7 @@ bool Hca::CollectDirectRecvsSlow(bool count) {
 }
 
 void Hca::OnBatchEnd() {
-  CollectDirectRecvs(true);  // the progress thread, woken by a peer's nudge, or a poller's round
+  CollectDirectRecvs(true, true);  // the progress thread, woken by a peer's nudge, or a poller
   if (ack_qps_.empty()) return;
   // Both vectors keep their capacity: a batch allocates nothing.
   std::vector<std::shared_ptr<Qp>>& batch = ack_batch_;

@@ -95,23 +95,30 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // collection: the table is never unmapped); the others are found by the peers' count of slots
   // done, one cache line more per message. Add returns the watch entry, or -1.
   static constexpr int kWatchedRecvQueues = 4;
-  int AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state);
+  int AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state,
+                    uint32_t index);
   void RemoveDirectRecv(const Qp* qp, int watch);
-  void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state) {
-    if (watch >= 0) watched_[watch].store(next_state, std::memory_order_relaxed);
+  // `index`: the WQE count the slot is done for (its state's upper half).
+  void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state, uint32_t index) {
+    if (watch >= 0) watched_[watch].store(Watch(next_state, index), std::memory_order_relaxed);
   }
   // Turns what peers placed into completions; false when they placed nothing. `catch_up`: also
   // when only the peers' count says so (the progress thread's rounds: the consumer's sleep waits
   // for the count, which polls that find completions through the watch do not take).
-  bool CollectDirectRecvs(bool catch_up = false) {
+  bool CollectDirectRecvs(bool catch_up = false, bool wait = false) {
     if (!DirectRecvsReady() && !(catch_up && link::SharedWindows::Get().RecvsPending()))
       return false;
-    return CollectDirectRecvsSlow(catch_up || unwatched_.load(std::memory_order_relaxed) > 0);
+    return CollectDirectRecvsSlow(catch_up || unwatched_.load(std::memory_order_relaxed) > 0, wait);
   }
   bool DirectRecvsReady() const {
     for (const auto& w : watched_) {
-      const std::atomic<uint32_t>* s = w.load(std::memory_order_relaxed);
-      if (s && (s->load(std::memory_order_acquire) & 0xff) == link::direct_recv::kDone) return true;
+      uint64_t v = w.load(std::memory_order_relaxed);
+      if (!v) continue;
+      // The slot (a user-space address, below 2^48) and the count it is done for, in one word.
+      auto* s = reinterpret_cast<const std::atomic<uint32_t>*>(v & ((uint64_t{1} << 48) - 1));
+      if (link::direct_recv::Is(s->load(std::memory_order_acquire), link::direct_recv::kDone,
+                                static_cast<uint32_t>(v >> 48)))
+        return true;
     }
     return unwatched_.load(std::memory_order_relaxed) > 0 &&
            link::SharedWindows::Get().RecvsPending();
@@ -190,10 +197,15 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::atomic<uint64_t> malformed_{0};
 
   // `count`: take the peers' count too (it costs a cache line the peers write).
-  bool CollectDirectRecvsSlow(bool count);
+  // `count`: take the peers' count too (it costs a cache line the peers write). `wait`: wait for
+  // each QP's lock (else a busy QP is left to a later call).
+  bool CollectDirectRecvsSlow(bool count, bool wait);
   std::mutex direct_mu_;  // after a QP's lock
   std::vector<std::shared_ptr<Qp>> direct_qps_;
-  std::atomic<const std::atomic<uint32_t>*> watched_[kWatchedRecvQueues] = {};
+  static uint64_t Watch(const std::atomic<uint32_t>* state, uint32_t index) {
+    return reinterpret_cast<uint64_t>(state) | uint64_t{index & 0xffff} << 48;
+  }
+  std::atomic<uint64_t> watched_[kWatchedRecvQueues] = {};
   std::atomic<int> unwatched_{0};
 };
 

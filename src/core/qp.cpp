@@ -42,7 +42,7 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
   }
   if (!srq_ && type_ != IBV_QPT_XRC_SEND && type_ != IBV_QPT_XRC_RECV)
     rq_ = std::make_unique<RecvQueue>(cap_.max_recv_wr ? cap_.max_recv_wr : 1,
-                                      cap_.max_recv_sge ? cap_.max_recv_sge : 1);
+                                      cap_.max_recv_sge ? cap_.max_recv_sge : 1, false);
   attr_.qp_state = IBV_QPS_RESET;
   attr_.port_num = kPortNum;
   attr_.path_mtu = IBV_MTU_4096;

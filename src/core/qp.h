@@ -145,6 +145,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void FlushAck();
   // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
   void CollectDirectRecvs();
+  bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
   // Runs expired timers; returns the next deadline or INT64_MAX.
   int64_t OnTimer(int64_t now_ns);
 

@@ -8,7 +8,7 @@
 namespace softrdma::core {
 
 int RecvQueue::Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   for (; wr; wr = wr->next) {
     // A count without a list is refused, as post_send does, instead of read through NULL.
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge_ ||
@@ -30,7 +30,7 @@ int RecvQueue::Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
 }
 
 bool RecvQueue::Pop(RecvWqe* out) {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   if (count_ == 0) return false;
   *out = ring_[head_];
   head_ = (head_ + 1) % ring_.size();
@@ -39,12 +39,12 @@ bool RecvQueue::Pop(RecvWqe* out) {
 }
 
 const RecvWqe* RecvQueue::At(uint32_t i) const {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   return &ring_[(head_ + i) % ring_.size()];
 }
 
 void RecvQueue::PushFront(const RecvWqe& w) {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   if (count_ == ring_.size()) return;  // cannot happen: the WQE came from this ring
   head_ = (head_ + ring_.size() - 1) % ring_.size();
   ring_[head_] = w;
@@ -52,7 +52,7 @@ void RecvQueue::PushFront(const RecvWqe& w) {
 }
 
 std::vector<RecvWqe> RecvQueue::Drain() {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   std::vector<RecvWqe> out;
   out.reserve(count_);
   while (count_ > 0) {
@@ -64,7 +64,7 @@ std::vector<RecvWqe> RecvQueue::Drain() {
 }
 
 uint32_t RecvQueue::size() const {
-  std::lock_guard<std::mutex> g(mu_);
+  Guard g(*this);
   return static_cast<uint32_t>(count_);
 }
 

@@ -23,7 +23,10 @@ struct RecvWqe {
 
 class RecvQueue {
  public:
-  RecvQueue(uint32_t max_wr, uint32_t max_sge) : max_sge_(max_sge), ring_(max_wr) {}
+  // `shared`: several QPs take from it (an SRQ), so it locks itself; a QP's own queue is guarded
+  // by the QP's lock, and a receive costs no lock more.
+  RecvQueue(uint32_t max_wr, uint32_t max_sge, bool shared = true)
+      : shared_(shared), max_sge_(max_sge), ring_(max_wr) {}
 
   // ibv_post_recv semantics: EINVAL for too many SGEs, ENOMEM when full; *bad names the first
   // request not queued.
@@ -42,6 +45,21 @@ class RecvQueue {
   uint32_t max_sge() const { return max_sge_; }
 
  protected:
+  class Guard {
+   public:
+    explicit Guard(const RecvQueue& q) : mu_(q.shared_ ? &q.mu_ : nullptr) {
+      if (mu_) mu_->lock();
+    }
+    ~Guard() {
+      if (mu_) mu_->unlock();
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    std::mutex* mu_;
+  };
+  const bool shared_;
   mutable std::mutex mu_;
   uint32_t max_sge_;
   std::vector<RecvWqe> ring_;

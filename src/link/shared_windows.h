@@ -54,11 +54,20 @@ constexpr uint32_t kRecvRight = 1u << 30;
 // WindowTable::recvs_done; the owner turns done slots into completions, in order.
 constexpr uint32_t kDirectRecvSlots = 8;
 constexpr uint32_t kDirectRecvSges = 3;
+// A slot's state: what (bits 0-7), flags (8-15) and the low 16 bits of the WQE's count (16-31),
+// so that a state left from the slot's previous use never reads as current: neither side clears
+// a slot after use (a store to a line the other side just wrote costs a transfer on the path).
 namespace direct_recv {
 constexpr uint32_t kPosted = 1;   // owner: the WQE's scatter list is in the slot
 constexpr uint32_t kDone = 2;     // sender: the message is placed; byte_len, imm and flags are set
 constexpr uint32_t kWithImm = 1;  // slot flags
 constexpr uint32_t kSolicited = 2;  // slot flags
+constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
+  return what | (flags << 8) | (index << 16);
+}
+constexpr bool Is(uint32_t state, uint32_t what, uint32_t index) {
+  return (state & 0xff) == what && (state >> 16) == (index & 0xffff);
+}
 }  // namespace direct_recv
 
 struct DirectRecvSge {
@@ -73,7 +82,7 @@ struct alignas(64) DirectRecvSlot {
   uint32_t num_sge;
   uint32_t byte_len;            // sender
   uint32_t imm;                 // sender: as the work request gave it (network order)
-  std::atomic<uint32_t> state;  // direct_recv::k*; the flags ride in bits 8 and up
+  std::atomic<uint32_t> state;  // direct_recv::State
 };
 static_assert(sizeof(DirectRecvSlot) == 64);
 
@@ -125,6 +134,8 @@ class SharedWindows {
     return t && t->recvs_done.load(std::memory_order_seq_cst) !=
                     recvs_seen_.load(std::memory_order_relaxed);
   }
+  // Keeps RecvsPending true until the next TakeRecvsDone (a collection left some behind).
+  void KeepRecvsPending() { recvs_seen_.fetch_sub(1, std::memory_order_relaxed); }
   // Notes that every slot done so far is being collected.
   void TakeRecvsDone() {
     WindowTable* t = table_ptr_.load(std::memory_order_acquire);
