@@ -76,6 +76,9 @@ void Hca::AbandonAfterFork() {
   // Registered memory the parent shares with its peers becomes the child's own copy.
   link::SharedMemory::Get().AfterForkInChild();
   link::SharedWindows::Get().AfterForkInChild();
+  // The receive queues peers fill are the parent's: nothing here collects from them.
+  for (auto& w : watched_) w.store(0, std::memory_order_relaxed);
+  unwatched_.store(0, std::memory_order_relaxed);
   if (endpoint_) endpoint_.release()->Abandon();
   slots_.ForgetAfterFork();
   mcast_.ForgetAfterFork();
