@@ -1016,23 +1016,13 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       handled += DrainLoopback();
       sink.OnBatchEnd();
       const int64_t now = NowNs();  // after the work: the poll that follows may be µs away
-      poll_clock_ns.store(now, std::memory_order_relaxed);
       RunTimers(now);
       progress_mu.unlock();
       if (handled > 0) PollerActive();
       NoteShmPoll(now);
       return handled > 0;
     }
-    // The clock is read on one empty poll in kClockPolls (it cost as much as the rest of one, and
-    // a busy poller's polls are a fraction of a microsecond apart): what it times (leases of
-    // 200 us and more, a 4 us step, a 20 us interval) does not mind being that late.
-    int64_t now = poll_clock_ns.load(std::memory_order_relaxed);
-    uint32_t polls = empty_polls.load(std::memory_order_relaxed) + 1;
-    empty_polls.store(polls, std::memory_order_relaxed);
-    if (polls % kClockPolls == 0 || now == 0) {
-      now = NowNs();
-      poll_clock_ns.store(now, std::memory_order_relaxed);
-    }
+    int64_t now = NowNs();  // once per empty poll: it costs as much as the rest of one
     NoteShmPoll(now);
     if (ready) return false;
     // Sockets are asked only now and then: even the one system call of an empty look would delay

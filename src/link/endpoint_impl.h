@@ -137,10 +137,6 @@ struct Endpoint::Impl {
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
   std::atomic<int64_t> sockets_polled_ns{0};
-  // Empty polls read the clock one time in kClockPolls (PollOnce).
-  static constexpr uint32_t kClockPolls = 8;
-  std::atomic<uint32_t> empty_polls{0};
-  std::atomic<int64_t> poll_clock_ns{0};
   // The connection a leased poller reads without asking epoll (PollOnceLeased; progress_mu).
   static constexpr int kHotSocketPollsPerEpoll = 8;
   std::shared_ptr<ServedChannel> hot_socket;
