@@ -66,8 +66,13 @@ struct Order {
   uint8_t solicited;
 };
 
-// The sending child: a connected QP and a region of Pattern bytes. For each Order it sends one
-// message from the region's start and waits for its completion, reporting its status; 'x' ends.
+// The sending child: a connected QP and a region of Pattern bytes. For each Order ('s') it sends
+// one message from the region's start and waits for its completion, reporting its status; for a
+// Stream ('m') it sends that many messages back to back, each waited for, and reports the first
+// status that is not a success (or success); 'x' ends.
+struct Stream {
+  uint32_t count, len;
+};
 int Sender(ChildPipe p, QpOpts o) {
   ChildQp c;
   if (int e = c.Connect(p, o, 64)) return e;
@@ -78,6 +83,20 @@ int Sender(ChildPipe p, QpOpts o) {
     char kind;
     if (!p.Recv(&kind)) return 21;
     if (kind == 'x') return 0;
+    if (kind == 'm') {
+      Stream m;
+      if (!p.Recv(&m)) return 25;
+      int st = IBV_WC_SUCCESS;
+      for (uint32_t i = 0; i < m.count && st == IBV_WC_SUCCESS; ++i) {
+        SendArgs s;
+        s.sges = {r.Sge(0, m.len)};
+        if (Post(c.q->qp, s)) return 26;
+        ibv_wc wc{};
+        st = PollOne(c.q->scq, &wc, std::chrono::seconds(10)) ? wc.status : -1;
+      }
+      if (!p.Send(st)) return 27;
+      continue;
+    }
     Order ord;
     if (!p.Recv(&ord)) return 22;
     SendArgs s;
@@ -331,6 +350,48 @@ TEST_F(DirectSend, WhatArrivedBeforeAnErrorCompletesBeforeTheFlush) {
     EXPECT_EQ(wcs[i].wr_id, i + 1);
     EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR);
   }
+}
+
+// A region deregistered while a receive WQE names it is not written, not even where the arena's
+// pages went to a region registered after it: the SEND takes the long way and fails there.
+TEST_F(DirectSend, AReceiveBufferDeregisteredAfterPostingIsNeverWritten) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 1), 0);
+  ASSERT_EQ(ibv_dereg_mr(region.mr), 0);
+  region.mr = nullptr;
+  Region later;  // may take the arena pages the first one left
+  ASSERT_TRUE(later.Make(v.pd));
+  std::memset(later.p, 0xee, kRegion);
+  std::memset(region.p, 0xdd, 256);
+  EXPECT_NE(Send(256), IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR);
+  for (size_t i = 0; i < kRegion; ++i) ASSERT_EQ(later.p[i], 0xee) << "byte " << i;
+  for (size_t i = 0; i < 256; ++i) ASSERT_EQ(region.p[i], 0xdd) << "byte " << i;
+}
+
+// Destroying the receiving QP while its peer keeps sending returns promptly (senders inside its
+// receive queue are waited for, boundedly) and the peer's next SEND fails instead of hanging.
+TEST_F(DirectSend, DestroyingTheReceiverWhileThePeerSendsIsPromptAndFailsThePeer) {
+  Connect();
+  for (uint64_t id = 0; id < 64; ++id) ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, id), 0);
+  Stream m{1000000, 64};
+  ASSERT_TRUE(child.Send('m') && child.Send(m));
+  ibv_wc wc{};
+  for (int i = 0; i < 500; ++i) {
+    ASSERT_TRUE(PollOne(q->rcq, &wc)) << "completion " << i;
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, wc.wr_id), 0);
+  }
+  auto start = Clock::now();
+  ASSERT_EQ(v.DestroyQp(q), 0);
+  q = nullptr;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  int st = IBV_WC_SUCCESS;
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(20))) << "the peer's stream never ended";
+  EXPECT_NE(st, IBV_WC_SUCCESS);
 }
 
 }  // namespace
