@@ -88,6 +88,11 @@ void Qp::RefillDirectRecvLocked() {
   if (published) q->posted.store(direct_posted_, std::memory_order_release);
 }
 
+// Pollers watch the slot of the next WQE to complete.
+void Qp::WatchNextLocked(DirectRecvQueue* q) {
+  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
+}
+
 uint32_t Qp::NonEmptySges(const RecvWqe& w) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < w.num_sge; ++i) n += w.sge[i].length != 0;
@@ -96,8 +101,11 @@ uint32_t Qp::NonEmptySges(const RecvWqe& w) {
 
 // Turns the WQEs the peer marked done, in order, into receive completions.
 void Qp::CollectDirectRecvsLocked() {
-  DirectRecvQueue* q = DirectRqLocked();
-  if (!q) return;
+  if (DirectRecvQueue* q = DirectRqLocked()) CollectFromLocked(q);
+}
+
+// From `q`, the open block or one being closed (then nothing is published again).
+void Qp::CollectFromLocked(DirectRecvQueue* q) {
   bool any = false;
   while (direct_collected_ != direct_posted_) {
     DirectRecvSlot& s = SlotOf(q, direct_collected_);
@@ -129,7 +137,7 @@ void Qp::CollectDirectRecvsLocked() {
   }
   if (any) {
     RefillDirectRecvLocked();
-    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
+    WatchNextLocked(q);
   }
 }
 
@@ -158,7 +166,7 @@ bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
     if (!q->taken.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
       return false;
     ++direct_collected_;
-    hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
+    WatchNextLocked(q);
   }
   if (!rq_->Pop(out)) return false;
   RefillDirectRecvLocked();
@@ -175,7 +183,7 @@ bool Qp::UnpublishDirectRecvsLocked() {
   if (!q->taken.compare_exchange_strong(expected, direct_posted_, std::memory_order_acq_rel))
     return false;
   direct_collected_ = direct_posted_;
-  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
+  WatchNextLocked(q);
   return true;
 }
 
@@ -196,9 +204,7 @@ void Qp::CloseDirectRecvLocked() {
   if (!q) return;
   PublishEndpointLocked();  // no kRecvRight: no sender enters from now on
   link::SharedWindows::WaitRecvUsers(q);
-  direct_rq_ = q;
-  CollectDirectRecvsLocked();
-  direct_rq_ = nullptr;
+  CollectFromLocked(q);
   link::SharedWindows::Get().ReleaseRecvQueue(q);
   hca_.RemoveDirectRecv(this, direct_watch_);
   direct_watch_ = -1;

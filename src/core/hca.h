@@ -196,7 +196,6 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::vector<std::shared_ptr<Qp>> timer_scratch_;  // OnTimers' (under the link's progress mutex)
   std::atomic<uint64_t> malformed_{0};
 
-  // `count`: take the peers' count too (it costs a cache line the peers write).
   // `count`: take the peers' count too (it costs a cache line the peers write). `wait`: wait for
   // each QP's lock (else a busy QP is left to a later call).
   bool CollectDirectRecvsSlow(bool count, bool wait);

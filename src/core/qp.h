@@ -188,6 +188,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void OpenDirectRecvLocked();
   void RefillDirectRecvLocked();
   void CollectDirectRecvsLocked();
+  void CollectFromLocked(link::DirectRecvQueue* q);
+  void WatchNextLocked(link::DirectRecvQueue* q);
   bool UnpublishDirectRecvsLocked();
   void CloseDirectRecvLocked();
   // The own receive queue's next WQE, for a SEND that came as a frame; and back when it failed.

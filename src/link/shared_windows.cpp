@@ -17,6 +17,15 @@ namespace {
 constexpr size_t kArenaReserve = size_t{64} << 30;  // virtual: the arena may grow this far
 constexpr int64_t kWithdrawWaitNs = 200'000'000;
 
+// Waits until no peer counts itself in `users`: bounded, since a peer that died inside an access
+// cannot block its owner forever.
+void WaitUntilUnused(const std::atomic<uint32_t>& users) {
+  auto start = std::chrono::steady_clock::now();
+  while (users.load(std::memory_order_seq_cst) != 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
+    sched_yield();
+}
+
 uint32_t Hash(uint32_t key) {
   return (key * 2654435761u) >> 16;  // 16 bits: kWindowSlots
 }
@@ -29,7 +38,7 @@ SharedWindows& SharedWindows::Get() {
 }
 
 bool SharedWindows::EnsureLocked() {
-  if (table_) return true;
+  if (TableLocked()) return true;
   int fd = memfd_create("softrdma-windows", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return false;
   if (ftruncate(fd, sizeof(WindowTable)) != 0 ||
@@ -42,8 +51,7 @@ bool SharedWindows::EnsureLocked() {
     close(fd);
     return false;
   }
-  table_ = static_cast<WindowTable*>(m);  // zero-filled: every slot empty
-  table_ptr_.store(table_, std::memory_order_release);
+  table_.store(static_cast<WindowTable*>(m), std::memory_order_release);  // zero-filled: empty
   fd_ = fd;
   return true;
 }
@@ -61,7 +69,7 @@ void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const 
   std::lock_guard<std::mutex> g(mu_);
   if (!EnsureLocked()) return;
   for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
-    WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
+    WindowEntry& e = TableLocked()->windows[(h + i) % kWindowSlots];
     uint32_t k = e.key.load(std::memory_order_relaxed);
     if (k != 0 && k != kWindowTombstone) continue;
     if (k == kWindowTombstone && e.users.load(std::memory_order_acquire) != 0) continue;
@@ -77,17 +85,15 @@ void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const 
 
 void SharedWindows::Withdraw(uint32_t key) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!table_ || key == 0 || key == kWindowTombstone) return;
+  WindowTable* t = TableLocked();
+  if (!t || key == 0 || key == kWindowTombstone) return;
   for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
-    WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
+    WindowEntry& e = t->windows[(h + i) % kWindowSlots];
     uint32_t k = e.key.load(std::memory_order_relaxed);
     if (k == 0) return;  // the end of its probe chain: never published
     if (k != key) continue;
     e.key.store(kWindowTombstone, std::memory_order_seq_cst);
-    auto start = std::chrono::steady_clock::now();
-    while (e.users.load(std::memory_order_seq_cst) != 0 &&
-           std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
-      sched_yield();
+    WaitUntilUnused(e.users);
     return;
   }
 }
@@ -95,7 +101,7 @@ void SharedWindows::Withdraw(uint32_t key) {
 void SharedWindows::SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights) {
   std::lock_guard<std::mutex> g(mu_);
   if (!EnsureLocked()) return;
-  EndpointEntry& e = table_->endpoints[id % kEndpointSlots];
+  EndpointEntry& e = TableLocked()->endpoints[id % kEndpointSlots];
   e.rights.store(0, std::memory_order_seq_cst);
   e.id.store(id, std::memory_order_relaxed);
   e.domain = domain;
@@ -105,7 +111,7 @@ void SharedWindows::SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights) {
 DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
   std::lock_guard<std::mutex> g(mu_);
   if (id == 0 || !EnsureLocked()) return nullptr;
-  DirectRecvQueue& q = table_->recvs[id % kEndpointSlots];
+  DirectRecvQueue& q = TableLocked()->recvs[id % kEndpointSlots];
   uint32_t free = 0;
   if (!q.owner.compare_exchange_strong(free, id, std::memory_order_acq_rel) && free != id)
     return nullptr;
@@ -121,17 +127,13 @@ void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
 }
 
 void SharedWindows::WaitRecvUsers(DirectRecvQueue* q) {
-  auto start = std::chrono::steady_clock::now();
-  while (q->users.load(std::memory_order_seq_cst) != 0 &&
-         std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
-    sched_yield();
+  WaitUntilUnused(q->users);
 }
 
 void SharedWindows::AfterForkInChild() {
   // The child's regions and QPs are its own: a fresh table when it first needs one. The parent's
   // stays mapped (and leaked) here.
-  table_ = nullptr;
-  table_ptr_.store(nullptr, std::memory_order_relaxed);
+  table_.store(nullptr, std::memory_order_relaxed);
   recvs_seen_.store(0, std::memory_order_relaxed);
   if (fd_ >= 0) close(fd_);
   fd_ = -1;

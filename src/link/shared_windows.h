@@ -130,7 +130,7 @@ class SharedWindows {
   // Whether senders marked slots done since the last TakeRecvsDone (lock-free; a store-load fence
   // first, so that a consumer that just declared itself asleep sees what came before).
   bool RecvsPending() const {
-    WindowTable* t = table_ptr_.load(std::memory_order_acquire);
+    WindowTable* t = table_.load(std::memory_order_acquire);
     return t && t->recvs_done.load(std::memory_order_seq_cst) !=
                     recvs_seen_.load(std::memory_order_relaxed);
   }
@@ -138,13 +138,13 @@ class SharedWindows {
   void KeepRecvsPending() { recvs_seen_.fetch_sub(1, std::memory_order_relaxed); }
   // Notes that every slot done so far is being collected.
   void TakeRecvsDone() {
-    WindowTable* t = table_ptr_.load(std::memory_order_acquire);
+    WindowTable* t = table_.load(std::memory_order_acquire);
     if (t)
       recvs_seen_.store(t->recvs_done.load(std::memory_order_acquire), std::memory_order_relaxed);
   }
   // Whether `q` is a block of this process's table (not of the parent's, in a fork child).
   bool Owns(const DirectRecvQueue* q) const {
-    WindowTable* t = table_ptr_.load(std::memory_order_relaxed);
+    WindowTable* t = table_.load(std::memory_order_relaxed);
     return t && q >= t->recvs && q < t->recvs + kEndpointSlots;
   }
   void AfterForkInChild();
@@ -152,8 +152,9 @@ class SharedWindows {
  private:
   bool EnsureLocked();
   std::mutex mu_;  // owners: one writer at a time
-  WindowTable* table_ = nullptr;
-  std::atomic<WindowTable*> table_ptr_{nullptr};  // table_, for the lock-free readers
+  // Written under mu_; read without it by the lock-free checks (RecvsPending, Owns).
+  std::atomic<WindowTable*> table_{nullptr};
+  WindowTable* TableLocked() const { return table_.load(std::memory_order_relaxed); }
   std::atomic<uint64_t> recvs_seen_{0};
   int fd_ = -1;
 };
