@@ -60,7 +60,7 @@ constexpr uint32_t kRnrDelayUs[32] = {655360, 10,    20,    30,     40,     60, 
 
 void Qp::RetireLocked() {
   while (head_ < tail_) {
-    SendWqe& w = sq_[head_ % sq_.size()];
+    SendWqe& w = SqAt(head_);
     if (!w.done) break;
     // Errors always complete, even unsignaled (IBTA 10.7.3.1).
     if (w.status != IBV_WC_SUCCESS || sq_sig_all_ || (w.send_flags & IBV_SEND_SIGNALED)) {
@@ -90,7 +90,7 @@ void Qp::CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st) {
 void Qp::AckUpToLocked(size_t end) {
   bool progress = false;
   for (uint64_t i = head_; i < end; ++i) {
-    SendWqe& w = sq_[i % sq_.size()];
+    SendWqe& w = SqAt(i);
     if (w.done) continue;
     if (IsReadOrAtomic(w.opcode)) break;
     CompleteSendWqeLocked(w, IBV_WC_SUCCESS);
@@ -105,7 +105,7 @@ void Qp::AckUpToLocked(size_t end) {
 }
 
 void Qp::FailHeadLocked(size_t idx, ibv_wc_status st) {
-  CompleteSendWqeLocked(sq_[idx % sq_.size()], st);
+  CompleteSendWqeLocked(SqAt(idx), st);
   if (Reliable()) {
     EnterErrorLocked();
     return;
@@ -113,7 +113,7 @@ void Qp::FailHeadLocked(size_t idx, ibv_wc_status st) {
   // UC and UD: the send queue alone stops (SQE); receives keep working.
   SetStateLocked(IBV_QPS_SQE);
   for (uint64_t i = head_; i < tail_; ++i) {
-    SendWqe& w = sq_[i % sq_.size()];
+    SendWqe& w = SqAt(i);
     if (!w.done) CompleteSendWqeLocked(w, IBV_WC_WR_FLUSH_ERR);
   }
   next_ = tail_;
@@ -125,11 +125,11 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
   if (!Reliable() || head_ == next_) return;
   if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD && state_ != IBV_QPS_SQE) return;
   uint32_t psn = p.bth->psn();
-  int32_t d = wire::PsnDiff(psn, sq_[head_ % sq_.size()].psn);
+  int32_t d = wire::PsnDiff(psn, SqAt(head_).psn);
   if (d < 0) return;  // a duplicate of something already retired
   uint64_t idx = head_ + static_cast<uint64_t>(d);
   if (idx >= next_) return;  // answers nothing we sent
-  SendWqe& w = sq_[idx % sq_.size()];
+  SendWqe& w = SqAt(idx);
   const OpInfo& info = *p.info;
   uint8_t syndrome = info.has(kHasAeth) ? p.ext<wire::Aeth>(info.aeth)->syndrome : wire::aeth::kAck;
 
@@ -182,10 +182,10 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
   if (head_ != idx) return;
   auto rewind_to = [this](uint64_t i) {
     next_ = i;
-    sq_psn_ = sq_[i % sq_.size()].psn;
+    sq_psn_ = SqAt(i).psn;
     rd_outstanding_ = 0;
     for (uint64_t j = head_; j < i; ++j)
-      if (IsReadOrAtomic(sq_[j % sq_.size()].opcode)) ++rd_outstanding_;
+      if (IsReadOrAtomic(SqAt(j).opcode)) ++rd_outstanding_;
   };
   if (wire::aeth::IsRnr(syndrome)) {
     if (attr_.rnr_retry != 7) {  // 7 means retry forever
@@ -211,7 +211,7 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
 void Qp::RxResponseEnd(RxWork& work) {
   if (work.kind != RxWork::kReadResponse) return;
   if (work.wqe_index < head_ || work.wqe_index >= next_) return;
-  SendWqe& w = sq_[work.wqe_index % sq_.size()];
+  SendWqe& w = SqAt(work.wqe_index);
   if (w.done || state_ == IBV_QPS_ERR) return;
   CompleteSendWqeLocked(w, IBV_WC_SUCCESS);
   if (rd_outstanding_ > 0) --rd_outstanding_;

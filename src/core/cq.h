@@ -51,7 +51,7 @@ class Cq {
   std::mutex& lock() { return mu_; }
   const Cqe* FrontLocked() const { return count_ ? &ring_[head_] : nullptr; }
   void PopLocked() {
-    head_ = (head_ + 1) % ring_.size();
+    head_ = Next(head_);
     --count_;
     queued_.store(count_, std::memory_order_release);
   }
@@ -68,6 +68,7 @@ class Cq {
   std::mutex mu_;
   std::vector<Cqe> ring_;
   size_t head_ = 0, count_ = 0;
+  size_t Next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }
   // count_, for a poll to see an empty CQ without the lock (a busy poller's every look).
   std::atomic<size_t> queued_{0};
   enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;

@@ -22,6 +22,7 @@ namespace {
 
 using link::DirectRecvQueue;
 using link::DirectRecvSlot;
+using link::kDirectRecvLow;
 using link::kDirectRecvSlots;
 namespace dr = link::direct_recv;
 
@@ -50,19 +51,29 @@ void Qp::OpenDirectRecvLocked() {
   direct_posted_ = direct_collected_ = 0;
   direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state, 0);
   q->counted.store(direct_watch_ < 0, std::memory_order_relaxed);  // before kRecvRight is granted
-  RefillDirectRecvLocked();
+  RefillDirectRecvLocked(true);
   PublishEndpointLocked();
 }
 
 // Publishes the WQEs after those already published, while they fit and can be reached directly:
 // at most kDirectRecvSges pieces, each in a region that is shared and writable locally.
-void Qp::RefillDirectRecvLocked() {
+void Qp::RefillDirectRecvLocked(bool idle) {
   DirectRecvQueue* q = DirectRqLocked();
   // Refilled when half is taken, not per WQE: the slots' lines then move to the peer once for
   // several messages.
-  if (!q || direct_posted_ - direct_collected_ > kDirectRecvSlots / 2) return;
+  const uint32_t published = direct_posted_ - direct_collected_;
+  if (!q || published > kDirectRecvSlots / 2) return;
   const uint32_t queued = rq_->size();
-  bool published = false;
+  if (queued == published) return;  // nothing more to publish
+  // Where the application waits for this call (a poll that found a message, a post), the refill
+  // is left to its next empty poll unless few are left: it writes slot lines the peer has just
+  // written, and their transfers would delay the answer the application is about to send
+  // (ib_send_lat: every fourth message paid four transfers of a cache line).
+  if (!idle && published > kDirectRecvLow) {
+    SetRefillDueLocked(true);
+    return;
+  }
+  SetRefillDueLocked(false);
   while (direct_posted_ - direct_collected_ < kDirectRecvSlots &&
          direct_posted_ - direct_collected_ < queued) {
     const RecvWqe* w = rq_->At(direct_posted_ - direct_collected_);
@@ -81,11 +92,23 @@ void Qp::RefillDirectRecvLocked() {
     }
     if (n != NonEmptySges(*w)) break;  // a piece the peer cannot reach: frames only
     s.num_sge = n;
-    s.state.store(dr::State(dr::kPosted, direct_posted_), std::memory_order_relaxed);
+    // After the scatter list: a sender that sees the state reads the list it names.
+    s.state.store(dr::State(dr::kPosted, direct_posted_), std::memory_order_release);
     ++direct_posted_;
-    published = true;
   }
-  if (published) q->posted.store(direct_posted_, std::memory_order_release);
+}
+
+void Qp::SetRefillDueLocked(bool due) {
+  if (due == refill_due_) return;
+  refill_due_ = due;
+  hca_.NoteRefillDue(due);
+}
+
+bool Qp::TryRefillDirectRecvs() {
+  std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+  if (!g.owns_lock()) return false;
+  if (refill_due_) RefillDirectRecvLocked(true);
+  return true;
 }
 
 // Pollers watch the slot of the next WQE to complete.
@@ -111,13 +134,14 @@ void Qp::CollectFromLocked(DirectRecvQueue* q) {
     DirectRecvSlot& s = SlotOf(q, direct_collected_);
     uint32_t st = s.state.load(std::memory_order_acquire);
     if (!dr::Is(st, dr::kDone, direct_collected_)) break;
-    RecvWqe w;
-    if (!rq_->Pop(&w)) break;  // cannot happen: a published WQE stays queued until collected
+    const RecvWqe* w = rq_->Front();
+    if (!w) break;  // cannot happen: a published WQE stays queued until collected
+    ibv_wc wc{};
+    wc.wr_id = w->wr_id;
+    rq_->DropFront();
     ++direct_collected_;
     any = true;
     const uint32_t flags = (st >> 8) & 0xff;
-    ibv_wc wc{};
-    wc.wr_id = w.wr_id;
     wc.status = IBV_WC_SUCCESS;
     wc.opcode = IBV_WC_RECV;
     wc.byte_len = s.byte_len;
@@ -136,7 +160,7 @@ void Qp::CollectFromLocked(DirectRecvQueue* q) {
     PushRecvCompletionLocked(0, wc, (flags & dr::kSolicited) != 0);
   }
   if (any) {
-    RefillDirectRecvLocked();
+    RefillDirectRecvLocked(false);
     WatchNextLocked(q);
   }
 }
@@ -169,7 +193,7 @@ bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
     WatchNextLocked(q);
   }
   if (!rq_->Pop(out)) return false;
-  RefillDirectRecvLocked();
+  RefillDirectRecvLocked(false);
   return true;
 }
 
@@ -192,7 +216,7 @@ bool Qp::UnpublishDirectRecvsLocked() {
 void Qp::ReturnRecvLocked(const RecvWqe& w) {
   if (!UnpublishDirectRecvsLocked()) return;  // cannot happen: see TakeOwnRecvLocked
   rq_->PushFront(w);
-  RefillDirectRecvLocked();
+  RefillDirectRecvLocked(true);
 }
 
 // Closes the queue to the peer and collects what it placed; WQEs it took and never finished (it
@@ -206,6 +230,7 @@ void Qp::CloseDirectRecvLocked() {
   link::SharedWindows::WaitRecvUsers(q);
   CollectFromLocked(q);
   link::SharedWindows::Get().ReleaseRecvQueue(q);
+  SetRefillDueLocked(false);
   hca_.RemoveDirectRecv(this, direct_watch_);
   direct_watch_ = -1;
 }
@@ -214,20 +239,16 @@ void Qp::CloseDirectRecvLocked() {
 bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                              const uint32_t* lens, uint32_t n) {
   const uint32_t dqpn = attr_.dest_qp_num;
+  // Counted in the queue, the sender may write into the windows of its WQEs: a withdrawal waits
+  // for it (SharedWindows::Withdraw).
   DirectRecvQueue* q = peer->EnterRecvQueue(dqpn);
   if (!q) return false;
   struct Leave {
     DirectRecvQueue* q;
-    link::WindowEntry* win[link::kDirectRecvSges] = {};
-    ~Leave() {
-      for (link::WindowEntry* e : win)
-        if (e) link::PeerWindows::Leave(e);
-      link::PeerWindows::LeaveRecvQueue(q);
-    }
+    ~Leave() { link::PeerWindows::LeaveRecvQueue(q); }
   } leave{q};
+  // Whether the WQE is published is the slot's to say (its state names the WQE's count).
   const uint32_t t = q->taken.load(std::memory_order_acquire);
-  const uint32_t published = q->posted.load(std::memory_order_acquire) - t;
-  if (published == 0 || published > kDirectRecvSlots) return false;
   DirectRecvSlot& s = SlotOf(q, t);
   // Exclusive at once: the slot is read, then written (a read alone fetches a shared copy, and the
   // write then costs a second transfer).
@@ -243,8 +264,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   uint32_t left = w.length, pieces = 0;
   for (uint32_t i = 0; i < nsge && left > 0; ++i) {
     cap[pieces] = sge[i].len < left ? sge[i].len : left;
-    dst[pieces] = peer->Enter(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight,
-                              &leave.win[pieces]);
+    dst[pieces] = peer->Reach(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight);
     if (!dst[pieces]) return false;  // the responder reports it (LOC_PROT_ERR there)
     left -= cap[pieces++];
   }

@@ -375,6 +375,11 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
   return true;
 }
 
+void Hca::RefillDirectRecvs() {
+  std::lock_guard<std::mutex> g(direct_mu_);  // a QP's lock comes first: QPs are only tried
+  for (auto& qp : direct_qps_) qp->TryRefillDirectRecvs();
+}
+
 void Hca::OnBatchEnd() {
   CollectDirectRecvs(true, true);  // the progress thread, woken by a peer's nudge, or a poller
   if (ack_qps_.empty()) return;

@@ -88,8 +88,12 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // SENDs placed by same-host peers are collected first (direct_recv.cpp).
   bool Progress(bool wait = false) {
     if (CollectDirectRecvs() && !wait) return true;
+    if (refills_due_.load(std::memory_order_relaxed) > 0) RefillDirectRecvs();
     return endpoint_ && endpoint_->PollOnce(wait);
   }
+  // Receive queues whose refill a collection left to an idle moment (Qp::RefillDirectRecvLocked).
+  void NoteRefillDue(bool due) { refills_due_.fetch_add(due ? 1 : -1, std::memory_order_relaxed); }
+  void RefillDirectRecvs();
   // QPs whose receive queue same-host peers may fill (direct_recv.cpp). Pollers watch the next
   // slot of the first kWatchedRecvQueues, without a lock (a slot pointer that went stale costs one
   // collection: the table is never unmapped); the others are found by the peers' count of slots
@@ -206,6 +210,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   }
   std::atomic<uint64_t> watched_[kWatchedRecvQueues] = {};
   std::atomic<int> unwatched_{0};
+  std::atomic<int> refills_due_{0};
 };
 
 }  // namespace softrdma::core

@@ -1,6 +1,7 @@
 // QP control path: creation, the state machine, posting, and error/flush handling.
 #include "core/qp.h"
 
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,12 +31,15 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
       cap_(init.cap),
       sq_sig_all_(init.sq_sig_all),
       user_handle_(init.user_handle) {
-  uint32_t depth = cap_.max_send_wr ? cap_.max_send_wr : 1;
-  sq_.resize(depth);
+  sq_depth_ = cap_.max_send_wr ? cap_.max_send_wr : 1;
+  // A power of two: WQE indices grow forever and are masked, not divided (a 64-bit division per
+  // index, several per WQE, was most of a direct SEND's bookkeeping).
+  const size_t slots = std::bit_ceil(size_t{sq_depth_});
+  sq_.resize(slots);
   uint32_t sges = cap_.max_send_sge ? cap_.max_send_sge : 1;
-  sge_pool_.resize(size_t{depth} * sges);
-  inline_pool_.resize(size_t{depth} * cap_.max_inline_data);
-  for (uint32_t i = 0; i < depth; ++i) {
+  sge_pool_.resize(slots * sges);
+  inline_pool_.resize(slots * cap_.max_inline_data);
+  for (size_t i = 0; i < slots; ++i) {
     sq_[i].sge = &sge_pool_[size_t{i} * sges];
     sq_[i].inline_buf =
         cap_.max_inline_data ? &inline_pool_[size_t{i} * cap_.max_inline_data] : nullptr;
@@ -280,7 +284,7 @@ void Qp::EnterErrorLocked() {
   bool was_error = state_ == IBV_QPS_ERR;
   SetStateLocked(IBV_QPS_ERR);
   for (uint64_t i = head_; i < tail_; ++i) {
-    SendWqe& w = sq_[i % sq_.size()];
+    SendWqe& w = SqAt(i);
     if (!w.done) {
       w.done = true;
       w.status = IBV_WC_WR_FLUSH_ERR;
@@ -378,7 +382,7 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
   if (whole_batch) {
     // ibv_wr_post(3): "No work is executed to the queue until ibv_wr_complete() returns
     // success". Check the whole batch first so that a refused one leaves nothing queued.
-    uint64_t room = sq_.size() - (tail_ - head_);
+    uint64_t room = sq_depth_ - (tail_ - head_);
     for (const ibv_send_wr* w = wr; w; w = w->next) {
       int r = ValidateWr(*w);
       if (r == 0 && room-- == 0) r = ENOMEM;
@@ -398,12 +402,12 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
       RunRequesterLocked();
       return r;
     }
-    if (tail_ - head_ == sq_.size()) {
+    if (tail_ - head_ == sq_depth_) {
       *bad = wr;
       RunRequesterLocked();  // as above: what was queued before the full queue still runs
       return ENOMEM;
     }
-    SendWqe& w = sq_[tail_ % sq_.size()];
+    SendWqe& w = SqAt(tail_);
     w.wr_id = wr->wr_id;
     w.opcode = wr->opcode;
     w.send_flags = wr->send_flags;
@@ -494,7 +498,7 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   }
   int r = rq_->Post(wr, bad);
   if (direct_rq_)
-    RefillDirectRecvLocked();
+    RefillDirectRecvLocked(false);
   else
     OpenDirectRecvLocked();
   datagram_wait_since_ = 0;
@@ -679,7 +683,7 @@ void Qp::Repath(std::shared_ptr<link::Channel> ch) {
   av_.channel = std::move(ch);
   if (head_ == next_) return RunRequesterLocked();
   next_ = head_;
-  sq_psn_ = sq_[head_ % sq_.size()].psn;
+  sq_psn_ = SqAt(head_).psn;
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   RunRequesterLocked();

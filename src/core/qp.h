@@ -146,6 +146,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
   void CollectDirectRecvs();
   bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
+  // Publishes the receive WQEs a collection left to an idle moment; false: the QP is busy.
+  bool TryRefillDirectRecvs();
   // Runs expired timers; returns the next deadline or INT64_MAX.
   int64_t OnTimer(int64_t now_ns);
 
@@ -186,7 +188,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
                            const uint32_t* lens, uint32_t n);
   link::DirectRecvQueue* DirectRqLocked() const;
   void OpenDirectRecvLocked();
-  void RefillDirectRecvLocked();
+  // `idle`: the application is not waiting for this call (else only a low queue is refilled now,
+  // the rest at the next empty poll: Hca::RefillDirectRecvs).
+  void RefillDirectRecvLocked(bool idle);
+  void SetRefillDueLocked(bool due);
   void CollectDirectRecvsLocked();
   void CollectFromLocked(link::DirectRecvQueue* q);
   void WatchNextLocked(link::DirectRecvQueue* q);
@@ -279,7 +284,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
 
   // Send queue: WQEs [head_, next_) are sent and wait for responses, [next_, tail_) wait to be
   // sent. Indices grow forever; the slot is index % depth.
-  std::vector<SendWqe> sq_;
+  std::vector<SendWqe> sq_;  // a power of two of slots, at least sq_depth_
+  uint32_t sq_depth_ = 1;    // WQEs the queue holds (max_send_wr)
+  SendWqe& SqAt(uint64_t index) { return sq_[index & (sq_.size() - 1)]; }
   std::vector<ibv_sge> sge_pool_;
   std::vector<uint8_t> inline_pool_;
   uint64_t head_ = 0, next_ = 0, tail_ = 0;
@@ -316,7 +323,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
   link::DirectRecvQueue* direct_rq_ = nullptr;
   bool direct_rq_refused_ = false;
-  int direct_watch_ = -1;  // its entry in the HCA's watched receive queues, if it has one
+  bool refill_due_ = false;  // counted in Hca::refills_due_
+  int direct_watch_ = -1;    // its entry in the HCA's watched receive queues, if it has one
   uint32_t direct_posted_ = 0, direct_collected_ = 0;
   static constexpr int64_t kDatagramWaitNs = 5'000'000;
   int64_t datagram_wait_since_ = 0;  // non-zero: a datagram waits (or waited) for a WQE

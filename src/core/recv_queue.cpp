@@ -20,7 +20,7 @@ int RecvQueue::Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
       *bad = wr;
       return ENOMEM;
     }
-    RecvWqe& w = ring_[(head_ + count_) % ring_.size()];
+    RecvWqe& w = ring_[Wrap(head_, count_)];
     w.wr_id = wr->wr_id;
     w.num_sge = static_cast<uint32_t>(wr->num_sge);
     for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = wr->sg_list[i];
@@ -33,20 +33,32 @@ bool RecvQueue::Pop(RecvWqe* out) {
   Guard g(*this);
   if (count_ == 0) return false;
   *out = ring_[head_];
-  head_ = (head_ + 1) % ring_.size();
+  head_ = Wrap(head_, 1);
   --count_;
   return true;
 }
 
+const RecvWqe* RecvQueue::Front() const {
+  Guard g(*this);
+  return count_ ? &ring_[head_] : nullptr;
+}
+
+void RecvQueue::DropFront() {
+  Guard g(*this);
+  if (count_ == 0) return;
+  head_ = Wrap(head_, 1);
+  --count_;
+}
+
 const RecvWqe* RecvQueue::At(uint32_t i) const {
   Guard g(*this);
-  return &ring_[(head_ + i) % ring_.size()];
+  return &ring_[Wrap(head_, i)];
 }
 
 void RecvQueue::PushFront(const RecvWqe& w) {
   Guard g(*this);
   if (count_ == ring_.size()) return;  // cannot happen: the WQE came from this ring
-  head_ = (head_ + ring_.size() - 1) % ring_.size();
+  head_ = Wrap(head_, ring_.size() - 1);
   ring_[head_] = w;
   ++count_;
 }
@@ -57,7 +69,7 @@ std::vector<RecvWqe> RecvQueue::Drain() {
   out.reserve(count_);
   while (count_ > 0) {
     out.push_back(ring_[head_]);
-    head_ = (head_ + 1) % ring_.size();
+    head_ = Wrap(head_, 1);
     --count_;
   }
   return out;
@@ -74,7 +86,7 @@ bool Srq::PopForQp(RecvWqe* out) {
     std::lock_guard<std::mutex> g(mu_);
     if (count_ == 0) return false;
     *out = ring_[head_];
-    head_ = (head_ + 1) % ring_.size();
+    head_ = Wrap(head_, 1);
     --count_;
     if (limit_ != 0 && count_ < limit_) {
       limit_ = 0;  // one event per arming, as ibv_modify_srq(3) says

@@ -32,6 +32,10 @@ class RecvQueue {
   // request not queued.
   int Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   bool Pop(RecvWqe* out);
+  // The head WQE without copying it out (its 32 SGEs are half a kilobyte), and its removal; the
+  // caller keeps the queue from changing in between.
+  const RecvWqe* Front() const;
+  void DropFront();
   // The i-th queued WQE (i < size()); the caller keeps the queue from changing meanwhile.
   const RecvWqe* At(uint32_t i) const;
   // Returns a WQE taken by a message that never completed (its connection died mid-frame, or
@@ -64,6 +68,12 @@ class RecvQueue {
   uint32_t max_sge_;
   std::vector<RecvWqe> ring_;
   size_t head_ = 0, count_ = 0;
+  // Index i positions after `from`, for i < ring size (a division per WQE costs more than the
+  // rest of taking one).
+  size_t Wrap(size_t from, size_t i) const {
+    size_t at = from + i;
+    return at >= ring_.size() ? at - ring_.size() : at;
+  }
 };
 
 class Srq : public RecvQueue {

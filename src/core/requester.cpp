@@ -194,7 +194,7 @@ void Qp::RunRequesterLocked() {
   if (state_ != IBV_QPS_RTS || shut_down_) return;
   while (next_ < tail_) {
     if (rnr_resume_at_ != 0) return;
-    SendWqe& w = sq_[next_ % sq_.size()];
+    SendWqe& w = SqAt(next_);
     if (w.done) {
       ++next_;
       continue;
@@ -260,7 +260,7 @@ void Qp::RunRequesterLocked() {
 void Qp::ArmRetransmitLocked() {
   if (retransmit_deadline_ != INT64_MAX || attr_.timeout == 0) return;
   uint64_t bytes = 0;
-  for (uint64_t i = head_; i < next_; ++i) bytes += sq_[i % sq_.size()].length;
+  for (uint64_t i = head_; i < next_; ++i) bytes += SqAt(i).length;
   last_arm_ns_ = link::NowNs();
   retransmit_deadline_ = last_arm_ns_ + RetransmitPeriodNs(attr_.timeout, bytes);
   RegisterTimerLocked();
@@ -281,11 +281,10 @@ int64_t Qp::RetransmitTimerLocked(int64_t now) {
     return INT64_MAX;
   }
   --retry_left_;
-  SOFTRDMA_LOG("qp %#x: no answer in time, sending again from psn %#x", qpn_,
-               sq_[head_ % sq_.size()].psn);
+  SOFTRDMA_LOG("qp %#x: no answer in time, sending again from psn %#x", qpn_, SqAt(head_).psn);
   // Go back to the oldest unacknowledged WQE and send everything again with the same PSNs.
   next_ = head_;
-  sq_psn_ = sq_[head_ % sq_.size()].psn;
+  sq_psn_ = SqAt(head_).psn;
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   RunRequesterLocked();

@@ -94,6 +94,8 @@ void SharedWindows::Withdraw(uint32_t key) {
     if (k != key) continue;
     e.key.store(kWindowTombstone, std::memory_order_seq_cst);
     WaitUntilUnused(e.users);
+    // A sender placing a SEND counts itself in the receive queue, not in each window it writes.
+    for (DirectRecvQueue* q : claimed_) WaitUntilUnused(q->users);
     return;
   }
 }
@@ -116,14 +118,17 @@ DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
   if (!q.owner.compare_exchange_strong(free, id, std::memory_order_acq_rel) && free != id)
     return nullptr;
   // No sender can be inside: the endpoint did not grant kRecvRight since the block was released.
-  q.posted.store(0, std::memory_order_relaxed);
   q.taken.store(0, std::memory_order_relaxed);
   for (DirectRecvSlot& s : q.slots) s.state.store(0, std::memory_order_relaxed);
+  if (free == 0) claimed_.push_back(&q);
   return &q;
 }
 
 void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
-  if (q) q->owner.store(0, std::memory_order_release);
+  if (!q) return;
+  std::lock_guard<std::mutex> g(mu_);
+  std::erase(claimed_, q);
+  q->owner.store(0, std::memory_order_release);
 }
 
 void SharedWindows::WaitRecvUsers(DirectRecvQueue* q) {
@@ -135,6 +140,7 @@ void SharedWindows::AfterForkInChild() {
   // stays mapped (and leaked) here.
   table_.store(nullptr, std::memory_order_relaxed);
   recvs_seen_.store(0, std::memory_order_relaxed);
+  claimed_.clear();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   new (&mu_) std::mutex();
@@ -198,34 +204,54 @@ bool PeerWindows::ArenaCovers(uint64_t end) {
   return end <= size;
 }
 
-uint8_t* PeerWindows::Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
-                            uint32_t rights, WindowEntry** out) {
+WindowEntry* PeerWindows::Find(uint32_t key, uint32_t endpoint, uint64_t len, uint32_t rights,
+                               uint32_t* domain) {
   if (key == 0 || key == kWindowTombstone || len == 0 || len > kMaxFramePayload) return nullptr;
   const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
   uint32_t ep_rights = ep.rights.load(std::memory_order_acquire);
   if (ep.id.load(std::memory_order_relaxed) != endpoint || (ep_rights & rights) != rights)
     return nullptr;
-  uint32_t domain = ep.domain;
+  *domain = ep.domain;
   for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
     WindowEntry& e = table_->windows[(h + i) % kWindowSlots];
     uint32_t k = e.key.load(std::memory_order_acquire);
     if (k == 0) return nullptr;
-    if (k != key) continue;
-    e.users.fetch_add(1, std::memory_order_seq_cst);
-    // Counted in first, then checked: a withdrawal either sees us or we see it.
-    uint64_t base = e.base, wlen = e.len, off = e.arena_offset;
-    bool ok = e.key.load(std::memory_order_seq_cst) == key && e.domain == domain &&
-              (e.rights & rights) == rights && addr >= base && addr - base <= wlen &&
-              len <= wlen - (addr - base) && off <= UINT64_MAX - wlen &&
-              ArenaCovers(off + (addr - base) + len);
-    if (!ok) {
-      e.users.fetch_sub(1, std::memory_order_release);
-      return nullptr;
-    }
-    *out = &e;
-    return arena_ + off + (addr - base);
+    if (k == key) return &e;
   }
   return nullptr;
+}
+
+uint8_t* PeerWindows::Check(WindowEntry& e, uint32_t key, uint32_t domain, uint64_t addr,
+                            uint64_t len, uint32_t rights) {
+  uint64_t base = e.base, wlen = e.len, off = e.arena_offset;
+  bool ok = e.key.load(std::memory_order_seq_cst) == key && e.domain == domain &&
+            (e.rights & rights) == rights && addr >= base && addr - base <= wlen &&
+            len <= wlen - (addr - base) && off <= UINT64_MAX - wlen &&
+            ArenaCovers(off + (addr - base) + len);
+  return ok ? arena_ + off + (addr - base) : nullptr;
+}
+
+uint8_t* PeerWindows::Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                            uint32_t rights, WindowEntry** out) {
+  uint32_t domain;
+  WindowEntry* e = Find(key, endpoint, len, rights, &domain);
+  if (!e) return nullptr;
+  e->users.fetch_add(1, std::memory_order_seq_cst);
+  // Counted in first, then checked: a withdrawal either sees us or we see it.
+  uint8_t* p = Check(*e, key, domain, addr, len, rights);
+  if (!p) {
+    e->users.fetch_sub(1, std::memory_order_release);
+    return nullptr;
+  }
+  *out = e;
+  return p;
+}
+
+uint8_t* PeerWindows::Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                            uint32_t rights) {
+  uint32_t domain;
+  WindowEntry* e = Find(key, endpoint, len, rights, &domain);
+  return e ? Check(*e, key, domain, addr, len, rights) : nullptr;
 }
 
 }  // namespace softrdma::link

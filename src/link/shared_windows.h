@@ -8,13 +8,16 @@
 //             the range, which lies in the arena.
 // A window being withdrawn (deregistration) waits until no peer is inside an access: a peer
 // counts itself in (users), then re-checks the key; the owner invalidates the key, then waits for
-// the count to drop (bounded: a peer that died inside an access cannot block it forever).
+// the count to drop (bounded: a peer that died inside an access cannot block it forever). A peer
+// placing a SEND counts itself in the receive queue instead (one count for all the pieces), and
+// a withdrawal waits for the senders of every open receive queue as well.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 namespace softrdma::link {
 
@@ -48,11 +51,15 @@ constexpr uint32_t kRecvRight = 1u << 30;
 
 // The head of an endpoint's receive queue, published for the peer's SENDs (docs/architecture.md
 // §12, "Direct SENDs"). The owner publishes receive WQEs (at most kDirectRecvSlots ahead of the
-// completions it has collected); the one that takes a WQE — the sender, or the owner's own
-// responder for a SEND that came as a frame — advances `taken` by compare-and-swap, so a WQE is
-// taken once. A sender that placed the message marks the slot done and counts it in
-// WindowTable::recvs_done; the owner turns done slots into completions, in order.
+// completions it has collected) by setting their slots' state to posted; the one that takes a
+// WQE — the sender, or the owner's own responder for a SEND that came as a frame — advances
+// `taken` by compare-and-swap, so a WQE is taken once. A sender that placed the message marks
+// the slot done and counts it in WindowTable::recvs_done; the owner turns done slots into
+// completions, in order. The header line is the sender's: the owner writes it only to open,
+// close, or take WQEs back, so that it stays in the sender's cache from message to message.
 constexpr uint32_t kDirectRecvSlots = 8;
+// Published WQEs at or below which the owner refills at once, even where its application waits.
+constexpr uint32_t kDirectRecvLow = 2;
 constexpr uint32_t kDirectRecvSges = 3;
 // A slot's state: what (bits 0-7), flags (8-15) and the low 16 bits of the WQE's count (16-31),
 // so that a state left from the slot's previous use never reads as current: neither side clears
@@ -87,14 +94,13 @@ struct alignas(64) DirectRecvSlot {
 static_assert(sizeof(DirectRecvSlot) == 64);
 
 struct alignas(64) DirectRecvQueue {
-  std::atomic<uint32_t> owner;   // the endpoint id using this block, 0: free
-  std::atomic<uint32_t> posted;  // WQEs published (a count; slot = count % kDirectRecvSlots)
-  std::atomic<uint32_t> taken;   // WQEs taken, by the sender or the owner
-  std::atomic<uint32_t> users;   // senders inside
+  std::atomic<uint32_t> owner;  // the endpoint id using this block, 0: free
+  std::atomic<uint32_t> taken;  // WQEs taken, by the sender or the owner (slot = count % slots)
+  std::atomic<uint32_t> users;  // senders inside
   // The owner finds done slots by WindowTable::recvs_done, which senders then count up; else it
   // watches the next slot itself.
   std::atomic<uint32_t> counted;
-  char pad[44];
+  char pad[48];
   DirectRecvSlot slots[kDirectRecvSlots];
 };
 static_assert(sizeof(DirectRecvQueue) == 64 + 64 * kDirectRecvSlots);
@@ -122,7 +128,8 @@ class SharedWindows {
   void SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights);
   // The receive-queue block of endpoint `id`, claimed for it; nullptr when another endpoint holds
   // the block or there is no table. Release gives it back (no sender may be inside: close the
-  // endpoint's kRecvRight and WaitRecvUsers first).
+  // endpoint's kRecvRight and WaitRecvUsers first). Withdraw waits for the senders of every
+  // claimed block.
   DirectRecvQueue* ClaimRecvQueue(uint32_t id);
   void ReleaseRecvQueue(DirectRecvQueue* q);
   // Waits (bounded, as Withdraw) until no sender is inside `q`.
@@ -156,6 +163,7 @@ class SharedWindows {
   std::atomic<WindowTable*> table_{nullptr};
   WindowTable* TableLocked() const { return table_.load(std::memory_order_relaxed); }
   std::atomic<uint64_t> recvs_seen_{0};
+  std::vector<DirectRecvQueue*> claimed_;  // under mu_
   int fd_ = -1;
 };
 
@@ -185,6 +193,9 @@ class PeerWindows {
   // refused.
   uint8_t* Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
                  WindowEntry** w);
+  // The same checks, counting nothing: for a SEND's pieces, placed while the sender is counted in
+  // a receive queue of this peer (EnterRecvQueue), which a withdrawal waits for.
+  uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights);
   static void Leave(WindowEntry* w) { w->users.fetch_sub(1, std::memory_order_release); }
 
   // The receive queue of endpoint `endpoint`, with the sender counted in (LeaveRecvQueue after),
@@ -199,6 +210,13 @@ class PeerWindows {
  private:
   PeerWindows() = default;
   bool ArenaCovers(uint64_t end);
+  // The entry of `key` that `endpoint` may use for `rights` (nullptr: none), and the endpoint's
+  // domain.
+  WindowEntry* Find(uint32_t key, uint32_t endpoint, uint64_t len, uint32_t rights,
+                    uint32_t* domain);
+  // The host address of [addr, addr+len) of `e` when it still holds `key` and grants the access.
+  uint8_t* Check(WindowEntry& e, uint32_t key, uint32_t domain, uint64_t addr, uint64_t len,
+                 uint32_t rights);
 
   WindowTable* table_ = nullptr;
   uint8_t* arena_ = nullptr;

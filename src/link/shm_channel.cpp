@@ -25,7 +25,9 @@ namespace {
 constexpr int kFramesPerWakeup = 256;
 constexpr int kFramesPerSeen = 16;
 constexpr char kSetupMagic[4] = {'S', 'R', 'S', 'M'};
-constexpr uint8_t kShmVersion = 1;
+// 2: receive-queue blocks without `posted` (link/shared_windows.h); a peer of version 1 reads
+// them differently, so the two meet over TCP.
+constexpr uint8_t kShmVersion = 2;
 constexpr size_t kControlBytes = 4096;  // both rings' control blocks, then the two rings
 static_assert(2 * sizeof(ShmRingControl) <= kControlBytes);
 constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};

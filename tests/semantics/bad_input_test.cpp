@@ -144,6 +144,10 @@ class BadInput : public ::testing::Test {
     return qp;
   }
 
+  // A chain longer than a full send queue of that depth is refused at the first WR that no longer
+  // fits, and so is a single WR afterwards.
+  void ExpectFullSendQueueRefused(uint32_t max_send_wr);
+
   ibv_qp_state StateOf(ibv_qp* qp) {
     ibv_qp_attr a{};
     ibv_qp_init_attr init{};
@@ -648,16 +652,24 @@ TEST_F(BadInput, PostSendWithTooManySgesIsEinvalWithBadWr) {
   EXPECT_EQ(StateOf(qp), IBV_QPS_RTS);  // a refused post does not break the QP
 }
 
+// Also at a depth that is no power of two (the queue has a power of two of slots).
 TEST_F(BadInput, PostSendToFullSendQueueIsEnomemWithBadWr) {
+  for (uint32_t max_send_wr : {4u, 5u}) {
+    SCOPED_TRACE(max_send_wr);
+    ExpectFullSendQueueRefused(max_send_wr);
+  }
+}
+
+void BadInput::ExpectFullSendQueueRefused(uint32_t max_send_wr) {
   ibv_qp_init_attr a = RcAttr();
-  a.cap.max_send_wr = 4;
+  a.cap.max_send_wr = max_send_wr;
   ibv_qp* qp = StuckRcQp(a);
   ASSERT_NE(qp, nullptr);
   ibv_qp_attr q{};
   ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(qp, &q, IBV_QP_CAP, &qi), 0);
   const uint32_t depth = qi.cap.max_send_wr;
-  ASSERT_GE(depth, 4u);
+  ASSERT_GE(depth, max_send_wr);
   ASSERT_LE(depth, 64u);
 
   // One chain two longer than the queue: the first `depth` go in, the next is the bad one.

@@ -36,6 +36,8 @@ constexpr int kIoTimeoutMs = 5000;
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};
 
+constexpr uint8_t kSetupVersion = 2;  // link/shm_channel.cpp's kShmVersion
+
 struct SetupMsg {
   char magic[4];
   uint8_t version;
@@ -66,7 +68,7 @@ class FakeShmPeer {
     their_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     our_bell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int fds[3] = {memfd_, their_bell_, our_bell_};
-    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, 1, {}, kShmRingBytes, 0}, fds, 3);
+    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, kSetupVersion, {}, kShmRingBytes, 0}, fds, 3);
   }
 
   ShmRingControl* control(int i) { return reinterpret_cast<ShmRingControl*>(map_) + i; }
@@ -124,7 +126,8 @@ class FakeShmPeer {
 
   // A later message on the socket (kind 1: our arena; kind 2: our window table and arena).
   bool SendControl(uint8_t kind, const int* fds, int nfds) {
-    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, 1, {kind, 0, 0}, 0, 0}, fds, nfds);
+    return SendMessage(SetupMsg{{'S', 'R', 'S', 'M'}, kSetupVersion, {kind, 0, 0}, 0, 0}, fds,
+                       nfds);
   }
 
   int sock() const { return sock_; }

@@ -1,0 +1,93 @@
+// The direct-access table as a peer sees it: a window is reached through an endpoint that grants
+// the right, and a withdrawal waits until no peer can still write into the window, including a
+// sender counted only in a receive queue (whose SENDs' pieces are not counted per window).
+#include "link/shared_windows.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "link/shared_memory.h"
+
+namespace softrdma::link {
+namespace {
+
+constexpr size_t kLen = 64 * 1024;
+// Far from what this process's QPs and MRs use (endpoint ids are QP numbers, low index first).
+constexpr uint32_t kEndpoint = kEndpointSlots - 1;
+constexpr uint32_t kKey = 0x5eed0001;
+constexpr uint32_t kDomain = 77;
+
+struct Fixture {
+  Fixture() {
+    void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base = static_cast<uint8_t*>(m);
+    SharedMemory::Get().Share(base, kLen);
+    SharedWindows& w = SharedWindows::Get();
+    w.Publish(kKey, kDomain, reinterpret_cast<uintptr_t>(base), base, kLen, kRecvRight);
+    w.SetEndpoint(kEndpoint, kDomain, kRecvRight);
+    own_queue = w.ClaimRecvQueue(kEndpoint);
+    // This process's own table and arena, mapped as a peer maps them.
+    peer = PeerWindows::Map(dup(w.fd()), dup(SharedMemory::Get().ArenaFd()));
+  }
+  ~Fixture() {
+    SharedWindows& w = SharedWindows::Get();
+    w.SetEndpoint(kEndpoint, kDomain, 0);
+    w.ReleaseRecvQueue(own_queue);
+    w.Withdraw(kKey);
+    delete peer;
+    SharedMemory::Get().Unshare(base, kLen);
+    munmap(base, kLen);
+  }
+  uint8_t* base;
+  DirectRecvQueue* own_queue;
+  PeerWindows* peer;
+};
+
+TEST(SharedWindows, AWithdrawalWaitsForASenderCountedInAReceiveQueue) {
+  Fixture f;
+  ASSERT_NE(f.own_queue, nullptr);
+  ASSERT_NE(f.peer, nullptr);
+  const uint64_t addr = reinterpret_cast<uintptr_t>(f.base) + 4096;
+  DirectRecvQueue* q = f.peer->EnterRecvQueue(kEndpoint);
+  ASSERT_NE(q, nullptr);
+  uint8_t* p = f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight);
+  ASSERT_NE(p, nullptr);  // reached: the sender may now write there
+
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kInside = std::chrono::milliseconds(60);
+  Clock::duration took{};
+  std::thread dereg([&] {
+    auto t0 = Clock::now();
+    SharedWindows::Get().Withdraw(kKey);
+    took = Clock::now() - t0;
+  });
+  std::this_thread::sleep_for(kInside);
+  p[0] = 1;  // the sender's write, before it leaves: the region must still be there
+  PeerWindows::LeaveRecvQueue(q);
+  dereg.join();
+  EXPECT_GE(took, kInside - std::chrono::milliseconds(10))
+      << "the withdrawal returned while a sender could still write into the window";
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight), nullptr);
+}
+
+TEST(SharedWindows, APieceIsReachedOnlyThroughAnEndpointGrantingTheRightAndInsideTheWindow) {
+  Fixture f;
+  ASSERT_NE(f.peer, nullptr);
+  const uint64_t addr = reinterpret_cast<uintptr_t>(f.base);
+  EXPECT_NE(f.peer->Reach(kKey, kEndpoint, addr, kLen, kRecvRight), nullptr);
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, kLen + 1, kRecvRight), nullptr);
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr + kLen - 8, 16, kRecvRight), nullptr);
+  EXPECT_EQ(f.peer->Reach(kKey + 1, kEndpoint, addr, 8, kRecvRight), nullptr);
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint - 1, addr, 8, kRecvRight), nullptr);
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 8, kRecvRight | 1), nullptr);
+  SharedWindows::Get().SetEndpoint(kEndpoint, kDomain + 1, kRecvRight);  // another domain
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 8, kRecvRight), nullptr);
+}
+
+}  // namespace
+}  // namespace softrdma::link
