@@ -62,16 +62,7 @@ void Qp::RetireLocked() {
   while (head_ < tail_) {
     SendWqe& w = SqAt(head_);
     if (!w.done) break;
-    // Errors always complete, even unsignaled (IBTA 10.7.3.1).
-    if (w.status != IBV_WC_SUCCESS || sq_sig_all_ || (w.send_flags & IBV_SEND_SIGNALED)) {
-      ibv_wc wc{};
-      wc.wr_id = w.wr_id;
-      wc.status = w.status;
-      wc.opcode = WcOpcode(w.opcode);
-      wc.byte_len = w.length;
-      wc.qp_num = qpn_;
-      PushCompletionLocked(send_cq_, wc, false);
-    }
+    PushSendCompletionLocked(w);
     ++head_;
   }
   if (next_ < head_) next_ = head_;
@@ -79,6 +70,18 @@ void Qp::RetireLocked() {
     drained_event_pending_ = false;
     RaiseAsync(IBV_EVENT_SQ_DRAINED);
   }
+}
+
+void Qp::PushSendCompletionLocked(const SendWqe& w) {
+  // Errors always complete, even unsignaled (IBTA 10.7.3.1).
+  if (w.status == IBV_WC_SUCCESS && !sq_sig_all_ && !(w.send_flags & IBV_SEND_SIGNALED)) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = w.status;
+  wc.opcode = WcOpcode(w.opcode);
+  wc.byte_len = w.length;
+  wc.qp_num = qpn_;
+  PushCompletionLocked(send_cq_, wc, false);
 }
 
 void Qp::CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st) {

@@ -86,7 +86,7 @@ void Qp::RefillDirectRecvLocked(bool idle) {
       KeyCheck why;
       uint64_t iova;
       if (!hca_.mrs().Resolve(g.lkey, pd_, g.addr, g.length, IBV_ACCESS_LOCAL_WRITE, true, &why, 0,
-                              &iova))
+                              &iova, &mr_cache_))
         break;
       s.sge[n++] = link::DirectRecvSge{iova, g.lkey, g.length};
     }

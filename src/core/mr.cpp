@@ -36,6 +36,12 @@ void PublishWindow(const Mr& m) {
 
 }  // namespace
 
+MrTable::MrTable()
+    : id_([] {
+        static std::atomic<uint64_t> next{1};
+        return next.fetch_add(1, std::memory_order_relaxed);
+      }()) {}
+
 uint32_t MrTable::Insert(const Mr& mr) {
   // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
   link::SharedMemory::Get().Share(mr.addr, mr.length);
@@ -68,6 +74,7 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     }
     old = it->second;
     by_key_.erase(it);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
   link::SharedMemory::Get().Unshare(old.addr, old.length);
@@ -88,6 +95,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     old = it->second;
     it->second = mr;
     it->second.key = key;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);
   link::SharedMemory::Get().Unshare(old.addr, old.length);
@@ -110,16 +118,33 @@ size_t MrTable::size() const {
   return by_key_.size();
 }
 
-uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
-                          bool local, KeyCheck* why, uint32_t qpn, uint64_t* iova) const {
+bool MrTable::Lookup(uint32_t key, Mr* out, Cache* cache) const {
+  Cache::Entry* c = cache ? &cache->entries_[key % Cache::kWays] : nullptr;
+  if (c && c->table == id_ && c->generation == generation_.load(std::memory_order_acquire) &&
+      c->mr.key == key && key != 0) {
+    *out = c->mr;
+    return true;
+  }
   std::shared_lock<std::shared_mutex> g(mu_);
   auto it = by_key_.find(key);
-  if (it == by_key_.end()) {
-    if (!local) return ResolveWindowLocked(key, pd, va, len, access, why, qpn);
+  if (it == by_key_.end()) return false;
+  *out = it->second;
+  if (c) *c = Cache::Entry{id_, generation_.load(std::memory_order_relaxed), it->second};
+  return true;
+}
+
+uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
+                          bool local, KeyCheck* why, uint32_t qpn, uint64_t* iova,
+                          Cache* cache) const {
+  Mr m;
+  if (!Lookup(key, &m, cache)) {
+    if (!local) {
+      std::shared_lock<std::shared_mutex> g(mu_);
+      return ResolveWindowLocked(key, pd, va, len, access, why, qpn);
+    }
     *why = KeyCheck::kBadKey;  // a window's key is no local key
     return nullptr;
   }
-  const Mr& m = it->second;
   if (m.pd != pd) {
     *why = KeyCheck::kBadPd;
     return nullptr;

@@ -379,6 +379,10 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
     *bad = wr;
     return EINVAL;
   }
+  if (!whole_batch && !type1_bind) {
+    while (wr && TryPostDirectLocked(*wr)) wr = wr->next;
+    if (!wr) return 0;
+  }
   if (whole_batch) {
     // ibv_wr_post(3): "No work is executed to the queue until ibv_wr_complete() returns
     // success". Check the whole batch first so that a refused one leaves nothing queued.

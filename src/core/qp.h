@@ -13,6 +13,7 @@
 
 #include "core/frame_receiver.h"
 #include "core/limits.h"
+#include "core/mr.h"
 #include "core/opcode.h"
 #include "core/recv_queue.h"
 #include "core/wire.h"
@@ -181,6 +182,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // An RDMA WRITE, READ, atomic or SEND done on the peer's memory directly; false: take the long
   // way.
   bool TryDirectLocked(SendWqe& w);
+  // A work request posted to an empty send queue and done so at once, without entering the queue;
+  // false: it enters the queue as ever.
+  bool TryPostDirectLocked(const ibv_send_wr& wr);
 
   // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
   // local pieces (none for inline data).
@@ -218,6 +222,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void RxResponseHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
   void RxResponseEnd(RxWork& w);
   void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
+  // The send completion of a finished WQE, when it is signaled or failed.
+  void PushSendCompletionLocked(const SendWqe& w);
   void RetireLocked();
   void AckUpToLocked(size_t idx_exclusive);
   void FailHeadLocked(size_t idx, ibv_wc_status st);
@@ -261,6 +267,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   ibv_qp* user_handle_;
 
   std::mutex mu_;
+  MrTable::Cache mr_cache_;  // under mu_: the local keys of the direct paths
   // A shared XRC target: its record in the domain's table (null otherwise).
   // Set once the QP is in the HCA's table and read per inbound frame without mu_.
   std::atomic<TargetTable*> target_table_{nullptr};

@@ -1,0 +1,218 @@
+// Work requests posted to an empty send queue towards a same-host peer are done at once, without
+// entering the queue (architecture §12, "Direct access"). Whatever the queue's path would have
+// given must still hold: the completion's fields, unsignaled work completing silently, inline
+// data gathered from several pieces, order with work that takes the queue, and the errors the
+// queue's path reports. Each test runs against a forked peer on the shared-memory link.
+#include <infiniband/verbs.h>
+
+#include <arpa/inet.h>
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "support/semantics_harness.h"
+
+namespace {
+
+using namespace semantics;
+
+constexpr size_t kBytes = 64 << 10;
+
+// Where the parent may reach the child's buffer.
+struct Target {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+// What the child's receive queue saw (for a WRITE with immediate).
+struct Received {
+  int status;
+  uint32_t opcode;
+  uint32_t imm;
+};
+
+// The peer: a connected QP and a region the parent writes, reads and updates, of whole pages of
+// anonymous memory (what the link lets a peer reach directly). It posts one receive (for an
+// immediate), then answers 'r' with its receive completion; 'x' ends.
+int Peer(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return 24;
+  std::memset(m, 0, kBytes);
+  ibv_mr* mr = ibv_reg_mr(c.v.pd, m, kBytes, kAllAccess);
+  if (!mr) return 25;
+  if (PostRecv(c.q->qp, *c.b, 0, 0, 7)) return 20;
+  if (!p.Send(Target{reinterpret_cast<uintptr_t>(m), mr->rkey})) return 21;
+  for (;;) {
+    char kind;
+    if (!p.Recv(&kind)) return 22;
+    if (kind == 'x') return ibv_dereg_mr(mr) ? 26 : 0;
+    ibv_wc wc{};
+    Received r{-1, 0, 0};
+    if (PollOne(c.q->rcq, &wc, std::chrono::seconds(10)))
+      r = Received{wc.status, wc.opcode, ntohl(wc.imm_data)};
+    if (!p.Send(r)) return 23;
+  }
+}
+
+class DirectPost : public VerbsTest {
+ protected:
+  void SetUp() override {
+    VerbsTest::SetUp();
+    q = v.NewQp(QpOpts{});
+    ASSERT_NE(q, nullptr);
+    local = Buf(kBytes);
+    ASSERT_NE(local, nullptr);
+    ASSERT_TRUE(child.Start([](int up, int down) { return Peer(ChildPipe{up, down}, {}); }));
+    Remote theirs;
+    ASSERT_TRUE(child.Recv(&theirs));
+    ASSERT_TRUE(child.Send(v.RemoteOf(q)));
+    ASSERT_EQ(BringUp(q->qp, QpOpts{}, theirs), 0);
+    ASSERT_TRUE(child.Recv(&target));
+  }
+  void TearDown() override {
+    child.Send('x');
+    EXPECT_EQ(child.Wait(), 0) << "the peer failed";
+    VerbsTest::TearDown();
+  }
+  // Reads `len` bytes of the peer's buffer at `off` into local[at].
+  void ReadBack(size_t off, uint32_t len, size_t at) {
+    ASSERT_EQ(
+        PostRdma(q->qp, IBV_WR_RDMA_READ, *local, at, len, target.addr + off, target.rkey, 99), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  }
+
+  Qp* q = nullptr;
+  Buffer* local = nullptr;
+  ForkedPeer child;
+  Target target{};
+};
+
+TEST_F(DirectPost, EachOperationCompletesWithTheFieldsOfItsWorkRequest) {
+  for (size_t i = 0; i < 100; ++i) local->data()[i] = static_cast<uint8_t>(i + 1);
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 100, target.addr + 256, target.rkey, 11),
+            0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 11u);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc.byte_len, 100u);
+  EXPECT_EQ(wc.qp_num, q->qpn());
+
+  ASSERT_EQ(
+      PostRdma(q->qp, IBV_WR_RDMA_READ, *local, 4096, 100, target.addr + 256, target.rkey, 12), 0);
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 12u);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wc.byte_len, 100u);
+  EXPECT_EQ(std::memcmp(local->data() + 4096, local->data(), 100), 0);
+
+  const uint64_t slot = target.addr + 1024;
+  ASSERT_EQ(
+      PostAtomic(q->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *local, 8192, slot, target.rkey, 5, 0, 13), 0);
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 13u);
+  EXPECT_EQ(wc.opcode, IBV_WC_FETCH_ADD);
+  EXPECT_EQ(wc.byte_len, 8u);
+  EXPECT_EQ(local->u64(8192 / 8), 0u);  // the original value
+
+  ASSERT_EQ(
+      PostAtomic(q->qp, IBV_WR_ATOMIC_CMP_AND_SWP, *local, 8200, slot, target.rkey, 5, 42, 14), 0);
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 14u);
+  EXPECT_EQ(wc.opcode, IBV_WC_COMP_SWAP);
+  EXPECT_EQ(wc.byte_len, 8u);
+  EXPECT_EQ(local->u64(8200 / 8), 5u);
+  ASSERT_NO_FATAL_FAILURE(ReadBack(1024, 8, 8208));
+  EXPECT_EQ(local->u64(8208 / 8), 42u) << "the compare-and-swap did not take";
+}
+
+TEST_F(DirectPost, UnsignaledWorkCompletesSilentlyAndTakesEffect) {
+  local->data()[0] = 0x5a;
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 1, target.addr + 77, target.rkey, 21, 0),
+            0);
+  EXPECT_TRUE(Drain(q->scq).empty()) << "an unsignaled WRITE completed";
+  ASSERT_NO_FATAL_FAILURE(ReadBack(77, 1, 100));
+  EXPECT_EQ(local->data()[100], 0x5a);
+}
+
+TEST_F(DirectPost, AnInlineWriteGathersItsPieces) {
+  const char a[] = "abc", c[] = "defgh";
+  SendArgs s;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.wr_id = 31;
+  s.flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  // Inline pieces need no key: the data is copied at post time.
+  s.sges = {ibv_sge{reinterpret_cast<uintptr_t>(a), 3, 0}, ibv_sge{0, 0, 0},
+            ibv_sge{reinterpret_cast<uintptr_t>(c), 5, 0}};
+  s.remote_addr = target.addr + 300;
+  s.rkey = target.rkey;
+  ASSERT_EQ(Post(q->qp, s), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 8u);
+  ASSERT_NO_FATAL_FAILURE(ReadBack(300, 8, 200));
+  EXPECT_EQ(std::memcmp(local->data() + 200, "abcdefgh", 8), 0);
+}
+
+// A WRITE with immediate takes the queue; the WRITE chained after it must wait its turn.
+TEST_F(DirectPost, WorkChainedBehindQueuedWorkCompletesInOrder) {
+  std::vector<ibv_sge> sges(3);
+  ibv_send_wr wrs[3] = {};
+  const ibv_wr_opcode ops[3] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_WRITE};
+  for (int i = 0; i < 3; ++i) {
+    local->data()[i] = static_cast<uint8_t>(0x61 + i);
+    sges[i] = local->Sge(i, 1);
+    wrs[i].wr_id = 41 + i;
+    wrs[i].opcode = ops[i];
+    wrs[i].send_flags = IBV_SEND_SIGNALED;
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].imm_data = htonl(0x1234);
+    wrs[i].wr.rdma.remote_addr = target.addr + 500 + i;
+    wrs[i].wr.rdma.rkey = target.rkey;
+    wrs[i].next = i < 2 ? &wrs[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(q->qp, wrs, &bad), 0);
+  auto wcs = PollN(q->scq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << WcStr(wcs[i]);
+    EXPECT_EQ(wcs[i].wr_id, uint64_t(41 + i)) << "completions out of order";
+  }
+  ASSERT_TRUE(child.Send('r'));
+  Received r{};
+  ASSERT_TRUE(child.Recv(&r, std::chrono::seconds(15)));
+  EXPECT_EQ(r.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(r.opcode, uint32_t{IBV_WC_RECV_RDMA_WITH_IMM});
+  EXPECT_EQ(r.imm, 0x1234u);
+  ASSERT_NO_FATAL_FAILURE(ReadBack(500, 3, 600));
+  EXPECT_EQ(std::memcmp(local->data() + 600, "abc", 3), 0);
+}
+
+TEST_F(DirectPost, ABadLocalKeyStillFailsAsTheQueueWouldReportIt) {
+  SendArgs s;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.wr_id = 51;
+  s.sges = {ibv_sge{local->addr(), 8, local->lkey() ^ 0x5a5a}};
+  s.remote_addr = target.addr;
+  s.rkey = target.rkey;
+  ASSERT_EQ(Post(q->qp, s), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.wr_id, 51u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
+}
+
+}  // namespace
