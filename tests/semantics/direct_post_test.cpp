@@ -94,43 +94,33 @@ class DirectPost : public VerbsTest {
 };
 
 TEST_F(DirectPost, EachOperationCompletesWithTheFieldsOfItsWorkRequest) {
+  // The next send completion is a success of `wr_id` with `opcode` and `len` on this QP.
+  auto expect_completion = [&](uint64_t wr_id, ibv_wc_opcode opcode, uint32_t len) {
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    EXPECT_EQ(wc.wr_id, wr_id);
+    EXPECT_EQ(wc.opcode, opcode);
+    EXPECT_EQ(wc.byte_len, len);
+    EXPECT_EQ(wc.qp_num, q->qpn());
+  };
   for (size_t i = 0; i < 100; ++i) local->data()[i] = static_cast<uint8_t>(i + 1);
   ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 100, target.addr + 256, target.rkey, 11),
             0);
-  ibv_wc wc{};
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 11u);
-  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
-  EXPECT_EQ(wc.byte_len, 100u);
-  EXPECT_EQ(wc.qp_num, q->qpn());
-
+  ASSERT_NO_FATAL_FAILURE(expect_completion(11, IBV_WC_RDMA_WRITE, 100));
   ASSERT_EQ(
       PostRdma(q->qp, IBV_WR_RDMA_READ, *local, 4096, 100, target.addr + 256, target.rkey, 12), 0);
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 12u);
-  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
-  EXPECT_EQ(wc.byte_len, 100u);
+  ASSERT_NO_FATAL_FAILURE(expect_completion(12, IBV_WC_RDMA_READ, 100));
   EXPECT_EQ(std::memcmp(local->data() + 4096, local->data(), 100), 0);
 
   const uint64_t slot = target.addr + 1024;
   ASSERT_EQ(
       PostAtomic(q->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *local, 8192, slot, target.rkey, 5, 0, 13), 0);
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 13u);
-  EXPECT_EQ(wc.opcode, IBV_WC_FETCH_ADD);
-  EXPECT_EQ(wc.byte_len, 8u);
+  ASSERT_NO_FATAL_FAILURE(expect_completion(13, IBV_WC_FETCH_ADD, 8));
   EXPECT_EQ(local->u64(8192 / 8), 0u);  // the original value
-
   ASSERT_EQ(
       PostAtomic(q->qp, IBV_WR_ATOMIC_CMP_AND_SWP, *local, 8200, slot, target.rkey, 5, 42, 14), 0);
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 14u);
-  EXPECT_EQ(wc.opcode, IBV_WC_COMP_SWAP);
-  EXPECT_EQ(wc.byte_len, 8u);
+  ASSERT_NO_FATAL_FAILURE(expect_completion(14, IBV_WC_COMP_SWAP, 8));
   EXPECT_EQ(local->u64(8200 / 8), 5u);
   ASSERT_NO_FATAL_FAILURE(ReadBack(1024, 8, 8208));
   EXPECT_EQ(local->u64(8208 / 8), 42u) << "the compare-and-swap did not take";
