@@ -99,16 +99,60 @@ class TcpChannel final : public ServedChannel {
   void Send(OutFrame&& f) override {
     if (!settled()) return Route()->Send(std::move(f));  // a sender that did not settle first
     std::lock_guard<std::mutex> g(tx_mu_);
-    QueueLocked(std::move(f));
-    KickLocked();
+    OutFrame* frames[1] = {&f};
+    SendLocked(frames, 1);
   }
 
   void SendPair(OutFrame&& first, OutFrame&& second) override {
     if (!settled()) return Route()->SendPair(std::move(first), std::move(second));
     std::lock_guard<std::mutex> g(tx_mu_);
-    QueueLocked(std::move(first));
-    QueueLocked(std::move(second));
+    OutFrame* frames[2] = {&first, &second};
+    SendLocked(frames, 2);
+  }
+
+  // Writes the frames at once when nothing waits before them (one system call, nothing copied: a
+  // frame queued and then flushed cost two copies of its 700-byte descriptor and a deque node,
+  // about a microsecond per message); queues what the socket did not take.
+  void SendLocked(OutFrame* const* frames, int n) {
+    size_t written = 0;
+    if (txq_.empty() && !connecting_ && !broken_ && !closed_.load(std::memory_order_relaxed))
+      written = WriteNowLocked(frames, n);
+    for (int i = 0; i < n; ++i) {
+      OutFrame& f = *frames[i];
+      const size_t total = sizeof(LinkHeader) + f.hdr_len + f.payload_len;
+      if (written >= total) {
+        if (f.datagram) dgram_sent_ += total;  // QueueLocked counts those it queues
+        written -= total;
+        continue;
+      }
+      QueueLocked(std::move(f));
+      if (written > 0 && !txq_.empty()) txq_.back().done = written;
+      written = 0;
+    }
     KickLocked();
+  }
+
+  // Bytes of `frames` the socket took at once (0 when none, or it failed).
+  size_t WriteNowLocked(OutFrame* const* frames, int n) {
+    uint8_t links[2][sizeof(LinkHeader)];
+    iovec iov[2 * (kMaxSegs + 2)];
+    int k = 0;
+    for (int i = 0; i < n && i < 2; ++i) {
+      const OutFrame& f = *frames[i];
+      EncodeLinkHeader(links[i], f.hdr_len, f.payload_len, f.datagram ? kLinkFlagDatagram : 0);
+      iov[k++] = iovec{links[i], sizeof(LinkHeader)};
+      iov[k++] = iovec{const_cast<uint8_t*>(f.hdr), f.hdr_len};
+      for (int s = 0; s < f.nseg; ++s) iov[k++] = f.seg[s];
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(k);
+    for (;;) {
+      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w >= 0) return static_cast<size_t>(w);
+      if (errno == EINTR) continue;
+      return 0;  // a broken socket is found by the flush that follows, as ever
+    }
   }
 
   void QueueLocked(OutFrame&& f) {
