@@ -40,6 +40,13 @@
 #   tcp  ib_write_lat 2 B                <= 1.00x UCX tcp tag_lat
 #   both 1000 RC QPs / 10000 MRs         work
 #
+# Latencies are measured in rounds (--rounds, default 3): each round runs the
+# ping-pong probe, UCX's tag_lat (posix, tcp) and the softrdma latency cases
+# back to back, so that anchor and case see the same machine (two vCPUs may
+# move between cores of a host within seconds, and a cache line then takes
+# 0.04 or 0.24 us to cross). A latency figure is the median over the rounds;
+# a ratio between two of them is the median of the rounds' ratios.
+#
 # Units: latency in microseconds, one way (perftest's t_typical, the median
 # of the per-iteration half round trips; ucx_perftest's 50.0%ile column of
 # the Final line of tag_lat, also half a round trip; the ping-pong probe's
@@ -47,14 +54,15 @@
 # ucx_perftest print MB/s meaning 2^20 bytes/s: converted; iperf3 bits/s:
 # divided by 8). Message rate in M ops/s (perftest's MsgRate, Mpps).
 #
-# Usage: shm_bench.sh [--duration S] [--iters N] [--qps N] [--mrs N]
-#                     [--quick] [--verbose]
+# Usage: shm_bench.sh [--duration S] [--iters N] [--rounds N] [--qps N]
+#                     [--mrs N] [--quick] [--verbose]
 #   --duration  seconds per bandwidth case (perftest -D, iperf3 -t; default 3)
 #   --iters     perftest latency iterations (default 20000)
+#   --rounds    latency rounds (default 3)
 #   --qps       RC QPs per process in the scale test (default 1000)
 #   --mrs       MRs in the scale test (default 10000)
-#   --quick     --duration 1 --iters 5000, shorter anchors (a smoke run; the
-#               figures are noisier)
+#   --quick     --duration 1 --iters 5000 --rounds 1, shorter anchors (a
+#               smoke run; the figures are noisier)
 # A full run takes about 2 minutes (--quick: 1). Needs a build with the probes
 # (SOFTRDMA_BUILD, default <repo>/build), perftest, ucx-utils (ucx_perftest)
 # and iperf3; a missing tool makes its rows read "n/a (tool missing)".
@@ -70,16 +78,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/../tests/integration/lib.sh"
 
 DURATION=3
 LAT_ITERS=20000
+LAT_ROUNDS=3
 SCALE_QPS=1000
 SCALE_MRS=10000
 QUICK=0
 while [[ $# -gt 0 ]]; do
 	case $1 in
-	--duration | --iters | --qps | --mrs)
+	--duration | --iters | --rounds | --qps | --mrs)
 		[[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || srdma_die "$1 needs a positive number"
 		case $1 in
 		--duration) DURATION=$2 ;;
 		--iters) LAT_ITERS=$2 ;;
+		--rounds) LAT_ROUNDS=$2 ;;
 		--qps) SCALE_QPS=$2 ;;
 		--mrs) SCALE_MRS=$2 ;;
 		esac
@@ -89,6 +99,7 @@ while [[ $# -gt 0 ]]; do
 		QUICK=1
 		DURATION=1
 		LAT_ITERS=5000
+		LAT_ROUNDS=1
 		;;
 	-v | --verbose) T_VERBOSE=1 ;;
 	-h | --help)
@@ -285,10 +296,14 @@ measure_single --raw --timeout 60 "$name" "$PROBE_DIR/softrdma-bench-memcpy --re
 take a,memcpy_64k "$(parse_memcpy_gbs "$(single_log "$name")" 65536)"
 take a,memcpy_1m "$(parse_memcpy_gbs "$(single_log "$name")" 1048576)"
 
-progress "cache-line ping-pong probe"
-name="pingpong probe"
-measure_single --raw --timeout 60 "$name" "$PROBE_DIR/softrdma-bench-pingpong --batches $pingpong_batches"
-take a,pingpong "$(parse_pingpong_us "$(single_log "$name")")"
+# ROUND_TAG names the latency round a case belongs to (in its log's name).
+ROUND_TAG=
+pingpong_case() {
+	local name="pingpong probe$ROUND_TAG"
+	progress "cache-line $name"
+	measure_single --raw --timeout 60 "$name" "$PROBE_DIR/softrdma-bench-pingpong --batches $pingpong_batches"
+	take a,pingpong "$(parse_pingpong_us "$(single_log "$name")")"
+}
 
 # ucx_case KEY TLS TEST SIZE ITERS WHAT: one ucx_perftest run (its server
 # serves one test and exits). WHAT is lat or bw (see parse_ucx).
@@ -302,7 +317,7 @@ ucx_case() {
 	# UCX's tcp transport would use every interface (lo and eth0, as lanes
 	# of one endpoint); lo alone is one path, as iperf3's 127.0.0.1 stream.
 	[[ $tls == tcp ]] && env_str+=" UCX_NET_DEVICES=lo"
-	name="ucx $tls $test -s $size"
+	name="ucx $tls $test -s $size$ROUND_TAG"
 	progress "$name"
 	srdma_next_port "" # on the host
 	measure_pair --raw --port "$PORT" --timeout 120 "$name" \
@@ -314,11 +329,9 @@ ucx_case() {
 # Iterations: each run a second or two on this class of machine.
 q=1
 ((QUICK)) && q=5
-ucx_case a,ucx_posix_lat posix tag_lat 2 $((1000000 / q)) lat
 ucx_case a,ucx_posix_put_64k posix ucp_put_bw 65536 $((200000 / q)) bw
 ucx_case a,ucx_posix_put_1m posix ucp_put_bw 1048576 $((20000 / q)) bw
 ucx_case a,ucx_posix_tag_64k posix tag_bw 65536 $((100000 / q)) bw
-ucx_case a,ucx_tcp_lat tcp tag_lat 2 $((100000 / q)) lat
 ucx_case a,ucx_tcp_put_64k tcp ucp_put_bw 65536 $((50000 / q)) bw
 ucx_case a,ucx_tcp_put_1m tcp ucp_put_bw 1048576 $((5000 / q)) bw
 
@@ -347,7 +360,7 @@ perftest_case() {
 		return
 	fi
 	[[ $col == tcp ]] && env_str="env SOFTRDMA_LINK=tcp "
-	name="$col $tool $args"
+	name="$col $tool $args$ROUND_TAG"
 	progress "$name"
 	srdma_next_port "" # on the host
 	tmo=$((DURATION + 60))
@@ -382,10 +395,36 @@ scale_qps() {
 		missing "$col,qps_bytes" "-"
 	fi
 }
+# Latencies: rounds of the anchors and the cases back to back (see the header).
+# R[key,round] holds a round's figure; V[key] becomes the median of the rounds.
+declare -A R
+LAT_KEYS=("a,pingpong" "a,ucx_posix_lat" "shm,write_lat" "shm,send_lat" "a,ucx_tcp_lat" "tcp,write_lat" "tcp,send_lat")
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+	END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+lat_args="-s 2 -n $LAT_ITERS"
+for ((round = 1; round <= LAT_ROUNDS; round++)); do
+	((LAT_ROUNDS > 1)) && ROUND_TAG=" round $round"
+	pingpong_case
+	ucx_case a,ucx_posix_lat posix tag_lat 2 $((1000000 / q)) lat
+	perftest_case shm write_lat lat ib_write_lat "$lat_args"
+	perftest_case shm send_lat lat ib_send_lat "$lat_args"
+	ucx_case a,ucx_tcp_lat tcp tag_lat 2 $((100000 / q)) lat
+	perftest_case tcp write_lat lat ib_write_lat "$lat_args"
+	perftest_case tcp send_lat lat ib_send_lat "$lat_args"
+	for key in "${LAT_KEYS[@]}"; do
+		[[ -n ${V[$key]:-} ]] && R[$key,$round]=${V[$key]}
+	done
+done
+ROUND_TAG=
+for key in "${LAT_KEYS[@]}"; do
+	figures=()
+	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+		[[ -n ${R[$key,$round]:-} ]] && figures+=("${R[$key,$round]}")
+	done
+	((${#figures[@]})) && V[$key]=$(median "${figures[@]}")
+done
+
 for col in shm tcp; do
-	lat_args="-s 2 -n $LAT_ITERS"
-	perftest_case $col write_lat lat ib_write_lat "$lat_args"
-	perftest_case $col send_lat lat ib_send_lat "$lat_args"
 	perftest_case $col write_64k bw:65536 ib_write_bw "-s 65536 -D $DURATION"
 	perftest_case $col write_1m bw:1048576 ib_write_bw "-s 1048576 -D $DURATION"
 	perftest_case $col read_64k bw:65536 ib_read_bw "-s 65536 -D $DURATION"
@@ -455,6 +494,18 @@ table_line() {
 }
 table_line metric "softrdma shm" link "softrdma tcp" link anchor "anchor value" ratio target verdict
 
+# paired_ratio KEY ANCHOR_KEY: the median of the rounds' KEY/ANCHOR_KEY, for
+# figures measured in latency rounds; nothing otherwise.
+paired_ratio() {
+	local ratios=() round
+	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+		[[ -n ${R[$1,$round]:-} && -n ${R[$2,$round]:-} ]] || continue
+		ratios+=("$(awk -v a="${R[$1,$round]}" -v b="${R[$2,$round]}" 'BEGIN { if (b > 0) printf "%.4f", a / b }')")
+	done
+	((${#ratios[@]})) || return 0
+	awk -v m="$(median "${ratios[@]}")" 'BEGIN { printf "%.2f", m }'
+}
+
 # row METRIC CASE COL ANCHOR_NAME ANCHOR_KEY OP LIMIT [stretch]
 #   CASE: softrdma case (both columns are shown); COL: the column the target
 #   is about. OP: le / ge (ratio COL/anchor against LIMIT), range (LIMIT is
@@ -473,7 +524,9 @@ row() {
 		anchor=${V[$akey]:-}
 		acell=$(cell "$akey")
 		if [[ -n $mine && -n $anchor ]]; then
-			ratio=$(awk -v a="$mine" -v b="$anchor" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+			ratio=$(paired_ratio "$col,$case" "$akey")
+			[[ -n $ratio ]] ||
+				ratio=$(awk -v a="$mine" -v b="$anchor" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
 		else
 			ratio=n/a
 		fi
@@ -538,6 +591,7 @@ row "  bytes per MR" mrs_bytes shm "" "" info ""
 echo
 echo "host: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo); CPUs busy with other work: $BUSY_START before the run, $(cpus_busy) after"
 echo "ratio = the target's column / anchor; GB/s = 10^9 bytes/s; latencies are one-way medians."
+echo "latencies: median of $LAT_ROUNDS rounds of anchors and cases run back to back; their ratios: median of the rounds' ratios."
 echo "link: links logged by SOFTRDMA_LOG=1 (self = in-process); '!' = not the column's link."
 absent=()
 for tool in "${!HAVE[@]}"; do

@@ -62,9 +62,12 @@ void Qp::RefillDirectRecvLocked(bool idle) {
   // Refilled when half is taken, not per WQE: the slots' lines then move to the peer once for
   // several messages.
   const uint32_t published = direct_posted_ - direct_collected_;
-  if (!q || published > kDirectRecvSlots / 2) return;
+  if (q && published > kDirectRecvSlots / 2) return;
   const uint32_t queued = rq_->size();
-  if (queued == published) return;  // nothing more to publish
+  if (!q || queued == published) {  // nothing (more) to publish: nothing is due either
+    SetRefillDueLocked(false);
+    return;
+  }
   // Where the application waits for this call (a poll that found a message, a post), the refill
   // is left to its next empty poll unless few are left: it writes slot lines the peer has just
   // written, and their transfers would delay the answer the application is about to send
