@@ -64,8 +64,19 @@ int SharedWindows::fd() {
 void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const void* addr,
                             uint64_t len, uint32_t rights) {
   if (key == 0 || key == kWindowTombstone || len == 0) return;
+  // The part of the region in the arena: all of it, or the whole pages inside it when its first or
+  // last page holds other data too (a buffer from malloc). Peers reach that part directly; what
+  // they ask beyond it goes by frames, where the responder checks the whole region.
   SharedMemory::Piece piece = SharedMemory::Get().Find(addr, len);
-  if (!piece.shared || piece.len != len) return;  // not all of it in the arena: frames only
+  uint64_t skip = 0;
+  if (!piece.shared) {
+    skip = piece.len;         // private bytes before the first shared one
+    if (skip >= len) return;  // none of it in the arena: frames only
+    piece = SharedMemory::Get().Find(static_cast<const uint8_t*>(addr) + skip, len - skip);
+    if (!piece.shared) return;
+  }
+  base += skip;
+  len = piece.len;
   std::lock_guard<std::mutex> g(mu_);
   if (!EnsureLocked()) return;
   for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {

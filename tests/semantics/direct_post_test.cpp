@@ -6,7 +6,9 @@
 #include <infiniband/verbs.h>
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
@@ -33,19 +35,20 @@ struct Received {
   uint32_t imm;
 };
 
-// The peer: a connected QP and a region the parent writes, reads and updates, of whole pages of
-// anonymous memory (what the link lets a peer reach directly). It posts one receive (for an
-// immediate), then answers 'r' with its receive completion; 'x' ends.
-int Peer(ChildPipe p, QpOpts o) {
+// The peer: a connected QP and a region the parent writes, reads and updates, of anonymous memory
+// (what the link lets a peer reach directly): whole pages, or from `offset` into the first page
+// (as a buffer from malloc may start). It posts one receive (for an immediate), then answers 'r'
+// with its receive completion; 'x' ends.
+int Peer(ChildPipe p, QpOpts o, size_t offset = 0) {
   ChildQp c;
   if (int e = c.Connect(p, o, 64)) return e;
   void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return 24;
   std::memset(m, 0, kBytes);
-  ibv_mr* mr = ibv_reg_mr(c.v.pd, m, kBytes, kAllAccess);
+  ibv_mr* mr = ibv_reg_mr(c.v.pd, static_cast<uint8_t*>(m) + offset, kBytes - offset, kAllAccess);
   if (!mr) return 25;
   if (PostRecv(c.q->qp, *c.b, 0, 0, 7)) return 20;
-  if (!p.Send(Target{reinterpret_cast<uintptr_t>(m), mr->rkey})) return 21;
+  if (!p.Send(Target{reinterpret_cast<uintptr_t>(m) + offset, mr->rkey})) return 21;
   for (;;) {
     char kind;
     if (!p.Recv(&kind)) return 22;
@@ -66,7 +69,10 @@ class DirectPost : public VerbsTest {
     ASSERT_NE(q, nullptr);
     local = Buf(kBytes);
     ASSERT_NE(local, nullptr);
-    ASSERT_TRUE(child.Start([](int up, int down) { return Peer(ChildPipe{up, down}, {}); }));
+    const size_t offset = target_offset;
+    ASSERT_TRUE(child.Start([offset](int up, int down) {
+      return Peer(ChildPipe{up, down}, {}, offset);
+    }));
     Remote theirs;
     ASSERT_TRUE(child.Recv(&theirs));
     ASSERT_TRUE(child.Send(v.RemoteOf(q)));
@@ -87,11 +93,51 @@ class DirectPost : public VerbsTest {
     ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
   }
 
+  // Stops the peer (a direct operation needs nothing of it; a frame waits for its answer).
+  void StopPeer() {
+    ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+    int st = 0;
+    ASSERT_EQ(waitpid(child.pid(), &st, WUNTRACED), child.pid());
+    ASSERT_TRUE(WIFSTOPPED(st));
+  }
+
+  size_t target_offset = 0;  // where the peer's region starts in its first page
   Qp* q = nullptr;
   Buffer* local = nullptr;
   ForkedPeer child;
   Target target{};
 };
+
+// A region that starts inside a page (a buffer from malloc): its whole pages are reached directly,
+// so a WRITE there completes while the peer is stopped; one that touches the shared first page
+// goes by frames and completes only once the peer runs again.
+class DirectPostUnaligned : public DirectPost {
+ protected:
+  void SetUp() override {
+    target_offset = 100;
+    DirectPost::SetUp();
+  }
+};
+
+TEST_F(DirectPostUnaligned, TheWholePagesOfARegionAreReachedDirectly) {
+  const uint64_t interior = (target.addr + 4095) / 4096 * 4096 + 64;
+  ASSERT_NO_FATAL_FAILURE(StopPeer());
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 64, interior, target.rkey, 61), 0);
+  ibv_wc wc{};
+  bool done = PollOne(q->scq, &wc, std::chrono::milliseconds(2000));
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr, target.rkey, 62), 0);
+  ibv_wc edge{};
+  bool edge_done = PollOne(q->scq, &edge, std::chrono::milliseconds(200));
+  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  EXPECT_TRUE(done) << "a WRITE into the region's whole pages waited for the stopped peer";
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_FALSE(edge_done) << "a WRITE into the region's first page completed without the peer";
+  if (!edge_done) {
+    ASSERT_TRUE(PollOne(q->scq, &edge));
+  }
+  EXPECT_EQ(edge.wr_id, 62u);
+  EXPECT_EQ(edge.status, IBV_WC_SUCCESS) << WcStr(edge);
+}
 
 TEST_F(DirectPost, EachOperationCompletesWithTheFieldsOfItsWorkRequest) {
   // The next send completion is a success of `wr_id` with `opcode` and `len` on this QP.
