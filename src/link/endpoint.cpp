@@ -38,6 +38,8 @@ constexpr size_t kRxBufferBytes = 256 * 1024;
 // Payload remainders at least this large are read straight into their destination.
 constexpr size_t kDirectReadBytes = 16 * 1024;
 constexpr int kFramesPerWakeup = 256;
+// Frames up to this size in all are copied into one piece before sendmsg (WriteNowLocked).
+constexpr size_t kGatherBytes = 512;
 constexpr int kIovBatch = 512;
 
 uint64_t Key(const PeerAddr& a);
@@ -143,6 +145,26 @@ class TcpChannel final : public ServedChannel {
       iov[k++] = iovec{links[i], sizeof(LinkHeader)};
       iov[k++] = iovec{const_cast<uint8_t*>(f.hdr), f.hdr_len};
       for (int s = 0; s < f.nseg; ++s) iov[k++] = f.seg[s];
+    }
+    // Small frames leave gathered into one piece, by send(): the kernel's TCP path pays per
+    // piece, and sendmsg more than send for its header and vector (a WRITE with the ACK riding
+    // along, five pieces and 78 bytes: sendmsg ~0.5 us, and send ~0.25 us more than one piece by
+    // sendmsg, on loopback).
+    size_t total = 0;
+    for (int i = 0; i < k; ++i) total += iov[i].iov_len;
+    if (total <= kGatherBytes) {
+      alignas(64) uint8_t gathered[kGatherBytes];
+      size_t at = 0;
+      for (int i = 0; i < k; ++i) {
+        std::memcpy(gathered + at, iov[i].iov_base, iov[i].iov_len);
+        at += iov[i].iov_len;
+      }
+      for (;;) {
+        ssize_t w = send(fd_, gathered, total, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w >= 0) return static_cast<size_t>(w);
+        if (errno == EINTR) continue;
+        return 0;
+      }
     }
     msghdr msg{};
     msg.msg_iov = iov;

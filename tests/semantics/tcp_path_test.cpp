@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -82,6 +83,65 @@ TEST_F(TcpPath, AnAnswerTravelsOnTheConnectionTheRequestCameOn) {
   EXPECT_LE(SocketsOpen() - before, 1) << "the peer answered on a connection of its own";
   EXPECT_TRUE(child.Send('x'));
   EXPECT_EQ(child.Wait(), 0) << "the peer's side went wrong";
+}
+
+struct Target {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+// Publishes a buffer for the parent's WRITEs and READs, and waits for the end.
+int Target64k(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 80 * 1024)) return e;
+  if (!p.Send(Target{c.b->addr(0), c.b->mr->rkey})) return 14;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
+// Small frames leave in one piece, gathered, and larger ones as a vector (WriteNowLocked): every
+// size on both sides of the limit, in requests (WRITE) and responses (READ), arrives whole.
+TEST_F(TcpPath, FramesOfEverySizeAroundTheOnePieceLimitArriveWhole) {
+  const char* link = getenv("SOFTRDMA_LINK");
+  if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  constexpr uint32_t kMax = 70 * 1024;
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* out = Buf(kMax);
+  Buffer* back = Buf(kMax);
+  ASSERT_TRUE(a && out && back);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) { return Target64k(ChildPipe{up, down}, {}); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+  Target t{};
+  ASSERT_TRUE(child.Recv(&t));
+  std::vector<uint32_t> sizes{1, 2, 7, 64, 1000, 4096, kMax};
+  for (uint32_t n = 400; n <= 620; ++n) sizes.push_back(n);
+  uint64_t id = 1;
+  for (uint32_t n : sizes) {
+    for (uint32_t i = 0; i < n; ++i) out->data()[i] = static_cast<char>(n * 31 + i);
+    std::memset(back->data(), 0, n);
+    ibv_wc wc{};
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *out, 0, n, t.addr, t.rkey, id++), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << n << " bytes: " << WcStr(wc);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *back, 0, n, t.addr, t.rkey, id++), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << n << " bytes: " << WcStr(wc);
+    ASSERT_EQ(std::memcmp(out->data(), back->data(), n), 0) << n << " bytes came back changed";
+  }
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer's side went wrong";
+}
+
+TEST(TcpPathOnTcp, FramesOfEverySizeArriveWhole) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("TcpPath.FramesOfEverySizeAroundTheOnePieceLimitArriveWhole", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
 }
 
 TEST(TcpPathOnTcp, OneConnectionCarriesBothDirections) {
