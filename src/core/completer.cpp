@@ -199,7 +199,8 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
     rnr_resume_at_ = link::NowNs() + int64_t{kRnrDelayUs[syndrome & 0x1f]} * 1000;
     retransmit_deadline_ = INT64_MAX;
     timer_registered_ = true;
-    hca_.ArmTimer(shared_from_this());
+    // Armed even if listed: this wakes the progress thread for the short delay.
+    hca_.ArmTimer(shared_from_this(), rnr_resume_at_, rnr_resume_at_);
     return;
   }
   uint8_t code = syndrome & 0x1f;

@@ -195,12 +195,27 @@ std::vector<std::pair<std::shared_ptr<link::Channel>, uint32_t>> Hca::McastTarge
   return out;
 }
 
-void Hca::ArmTimer(const std::shared_ptr<Qp>& qp) {
+void Hca::ArmTimer(const std::shared_ptr<Qp>& qp, int64_t due, int64_t wake) {
   {
     std::lock_guard<std::mutex> g(timer_mu_);
     timer_qps_.insert(qp);
   }
+  // Listed before noted, and noted before the wake-up: a pass that skips has then not missed it.
+  NoteTimerDue(due, wake);
   if (endpoint_) endpoint_->Wake();
+}
+
+namespace {
+void LowerTo(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load(std::memory_order_relaxed);
+  while (v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel)) {
+  }
+}
+}  // namespace
+
+void Hca::NoteTimerDue(int64_t due, int64_t wake) {
+  LowerTo(timers_due_, due);
+  LowerTo(timers_next_, wake);
 }
 
 void Hca::QueueAck(const std::shared_ptr<Qp>& qp) {
@@ -321,6 +336,7 @@ void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
     std::lock_guard<std::mutex> g(repath_mu_);
     repath_qps_.push_back(std::move(qp));
   }
+  NoteTimerDue(0);
   // Resolved from the timer pass, outside the link's close handling and the QP's lock.
   if (endpoint_) endpoint_->Wake();
 }
@@ -391,6 +407,12 @@ void Hca::OnBatchEnd() {
 }
 
 int64_t Hca::OnTimers(int64_t now) {
+  if (now < timers_due_.load(std::memory_order_acquire))
+    return timers_next_.load(std::memory_order_relaxed);
+  // Reset before the pass: a deadline noted from here on survives it, and one noted before was
+  // set before, so the pass sees it.
+  timers_due_.store(INT64_MAX, std::memory_order_seq_cst);
+  timers_next_.store(INT64_MAX, std::memory_order_seq_cst);
   std::vector<std::shared_ptr<Qp>> repath;
   {
     std::lock_guard<std::mutex> g(repath_mu_);
@@ -405,16 +427,19 @@ int64_t Hca::OnTimers(int64_t now) {
   std::vector<std::shared_ptr<Qp>>& armed = timer_scratch_;  // kept: no allocation per batch
   {
     std::lock_guard<std::mutex> g(timer_mu_);
-    if (timer_qps_.empty()) return INT64_MAX;
+    if (timer_qps_.empty()) return timers_next_.load(std::memory_order_relaxed);
     armed.assign(timer_qps_.begin(), timer_qps_.end());
   }
-  int64_t next = INT64_MAX;
+  int64_t next = INT64_MAX, due = INT64_MAX;
   for (auto& qp : armed) {
-    int64_t d = qp->OnTimer(now);
+    int64_t qp_due;
+    int64_t d = qp->OnTimer(now, &qp_due);
     if (d < next) next = d;
+    if (qp_due < due) due = qp_due;
   }
   armed.clear();
-  return next;
+  NoteTimerDue(due, next);
+  return timers_next_.load(std::memory_order_relaxed);
 }
 
 void Hca::DisarmTimer(Qp* qp) {

@@ -141,7 +141,12 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   bool WaitTxIdle(int64_t max_ns) { return !endpoint_ || endpoint_->WaitTxIdle(max_ns); }
 
   // Progress-thread services for QPs.
-  void ArmTimer(const std::shared_ptr<Qp>& qp);  // any thread
+  // Puts `qp` on the timer list; its timers are due at `due` (CLOCK_MONOTONIC ns) at the latest.
+  void ArmTimer(const std::shared_ptr<Qp>& qp, int64_t due, int64_t wake);  // any thread
+  // A timer of a QP already on the list is due at `due` (OnTimers skips its pass until then); the
+  // progress thread need not wake before `wake` for it.
+  void NoteTimerDue(int64_t due, int64_t wake);
+  void NoteTimerDue(int64_t due) { NoteTimerDue(due, due); }
   void QueueAck(const std::shared_ptr<Qp>& qp);  // progress thread
   void DisarmTimer(Qp* qp);                      // caller holds the QP's lock
 
@@ -198,6 +203,12 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::vector<std::shared_ptr<Qp>> ack_qps_;        // progress thread only
   std::vector<std::shared_ptr<Qp>> ack_batch_;      // OnBatchEnd's scratch
   std::vector<std::shared_ptr<Qp>> timer_scratch_;  // OnTimers' (under the link's progress mutex)
+  // The earliest instant a pass over timer_qps_ may find work (a QP's exact deadline, a repath),
+  // and the wake-up the last pass asked for, lowered by the deadlines noted since. A pass runs
+  // after every batch of inbound work: before this instant it is skipped (it took the timer and
+  // repath mutexes and every listed QP's lock: ~280 cycles of each TCP ib_write_lat message).
+  std::atomic<int64_t> timers_due_{0};
+  std::atomic<int64_t> timers_next_{INT64_MAX};
   std::atomic<uint64_t> malformed_{0};
 
   // `count`: take the peers' count too (it costs a cache line the peers write). `wait`: wait for

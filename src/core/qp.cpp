@@ -554,6 +554,7 @@ void Qp::Shutdown() {
   std::unique_lock<std::mutex> g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
+  if (timer_registered_) hca_.NoteTimerDue(0);  // the next pass takes it off the list
   ResumeWaitingLocked();
   PublishEndpointLocked();  // closed to direct access
   CloseDirectRecvLocked();
@@ -660,10 +661,10 @@ bool Qp::RepathIfMovedLocked(const link::Channel& ch) {
   return true;
 }
 
-void Qp::RegisterTimerLocked() {
-  if (timer_registered_) return;
+void Qp::RegisterTimerLocked(int64_t due, int64_t wake) {
+  if (timer_registered_) return hca_.NoteTimerDue(due, wake);
   timer_registered_ = true;
-  hca_.ArmTimer(shared_from_this());
+  hca_.ArmTimer(shared_from_this(), due, wake);
 }
 
 void Qp::OnRoom() {
@@ -703,7 +704,7 @@ bool Qp::WaitForReceiveLocked(link::Channel& ch) {
   bool known = false;
   for (const auto& w : waiting_channels_) known = known || w.lock() == me;
   if (!known) waiting_channels_.push_back(me);
-  RegisterTimerLocked();
+  RegisterTimerLocked(datagram_wait_since_ + kDatagramWaitNs);
   return true;
 }
 
@@ -715,8 +716,9 @@ void Qp::ResumeWaitingLocked() {
     if (std::shared_ptr<link::Channel> ch = w.lock()) ch->Resume();
 }
 
-int64_t Qp::OnTimer(int64_t now) {
+int64_t Qp::OnTimer(int64_t now, int64_t* due) {
   std::lock_guard<std::mutex> g(mu_);
+  *due = INT64_MAX;
   if (shut_down_) {
     ResumeWaitingLocked();
     timer_registered_ = false;
@@ -745,14 +747,18 @@ int64_t Qp::OnTimer(int64_t now) {
   // The deferral deadline is checked exactly whenever timers run (every batch of inbound work and
   // every poll of an empty CQ); the wake-up that guarantees it is coarse, so ping-pong traffic,
   // whose ACKs leave with the answers, does not re-arm and fire a timer on every message.
+  *due = next;
   if (ack_pending_) {
-    int64_t coarse = (ack_deadline_ / 1'000'000 + 2) * 1'000'000;
+    int64_t coarse = AckWakeNs(ack_deadline_);
     if (coarse < next) next = coarse;
+    if (ack_deadline_ < *due) *due = ack_deadline_;
   }
   // Stay registered a while after the last arming: request/response traffic re-arms the timer on
   // every post, and registering again would wake the progress thread each time.
-  if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs)
+  if (next == INT64_MAX && now < last_arm_ns_ + kTimerLingerNs) {
+    if (last_arm_ns_ + kTimerLingerNs < *due) *due = last_arm_ns_ + kTimerLingerNs;
     return last_arm_ns_ + kTimerLingerNs;
+  }
   if (next == INT64_MAX && timer_registered_) {
     timer_registered_ = false;
     hca_.DisarmTimer(this);

@@ -149,8 +149,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
   // Publishes the receive WQEs a collection left to an idle moment; false: the QP is busy.
   bool TryRefillDirectRecvs();
-  // Runs expired timers; returns the next deadline or INT64_MAX.
-  int64_t OnTimer(int64_t now_ns);
+  // Runs expired timers; returns the next wake-up wanted (INT64_MAX: none) and sets `*due` to the
+  // exact next deadline (at or before the wake-up: a deferred ACK's is checked by the passes that
+  // run anyway, its wake-up is coarse).
+  int64_t OnTimer(int64_t now_ns, int64_t* due);
 
   struct RxWork;  // per-inbound-frame state, qp_internal.h
 
@@ -308,8 +310,13 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   static constexpr int64_t kRoomWaitNs = 1'000'000;
   bool drained_event_pending_ = false;
   bool timer_registered_ = false;
-  // Puts this QP on the HCA's timer list (OnTimer then runs), unless it is there.
-  void RegisterTimerLocked();
+  // Puts this QP on the HCA's timer list (OnTimer then runs), unless it is there, and tells it
+  // that a deadline of this QP falls at `due`.
+  void RegisterTimerLocked(int64_t due) { RegisterTimerLocked(due, due); }
+  void RegisterTimerLocked(int64_t due, int64_t wake);
+  // When the progress thread wakes for a deferred ACK due at `deadline`: coarsely, since ping-pong
+  // traffic moves the deadline with every message and the passes that run anyway check it.
+  static int64_t AckWakeNs(int64_t deadline) { return (deadline / 1'000'000 + 2) * 1'000'000; }
   // Inbound frames begun, and when the last began on the coarse clock (a precise clock read per
   // frame was 2 % of ib_send_lat): what Shutdown needs to tell traffic still coming from none.
   uint64_t rx_frames_ = 0;

@@ -232,7 +232,7 @@ void Qp::RunRequesterLocked() {
       if (room_wait_until_ != 0) return;
       if (hca_.AwaitRoom(*this, w.ah->av.channel)) {
         room_wait_until_ = link::NowNs() + kRoomWaitNs;
-        RegisterTimerLocked();
+        RegisterTimerLocked(room_wait_until_);
         return;
       }
     }
@@ -263,7 +263,7 @@ void Qp::ArmRetransmitLocked() {
   for (uint64_t i = head_; i < next_; ++i) bytes += SqAt(i).length;
   last_arm_ns_ = link::NowNs();
   retransmit_deadline_ = last_arm_ns_ + RetransmitPeriodNs(attr_.timeout, bytes);
-  RegisterTimerLocked();
+  RegisterTimerLocked(retransmit_deadline_);
 }
 
 int64_t Qp::RetransmitTimerLocked(int64_t now) {

@@ -443,7 +443,7 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
     // within kAckDeferNs, or with the answer), and the timer bounds the wait.
     ReleaseHeldCompletionsLocked();
     if (ack_deadline_ == INT64_MAX) ack_deadline_ = link::NowNs() + kAckDeferNs;
-    RegisterTimerLocked();
+    RegisterTimerLocked(ack_deadline_, AckWakeNs(ack_deadline_));
     return;
   }
   if (!ack_queued_) {
