@@ -126,6 +126,7 @@ void Hca::RemoveQp(uint32_t qpn) {
     keep = std::move(it->second);
     mcast_.DetachAll(qpn);
     qps_.erase(it);
+    qps_generation_.fetch_add(1, std::memory_order_release);
   }
   // A replica of another process's shared XRC target held that process's slot (xrc_targets.h).
   uint16_t slot = static_cast<uint16_t>(qpn >> kQpIndexBits);
@@ -138,6 +139,24 @@ std::shared_ptr<Qp> Hca::FindQp(uint32_t qpn) {
   std::shared_lock<std::shared_mutex> g(qp_mu_);
   auto it = qps_.find(qpn);
   return it == qps_.end() ? nullptr : it->second;
+}
+
+// A connection mostly carries frames for one QP: its memo saves the table's read lock, the hash
+// lookup and a reference count pair per frame (two frames per TCP ib_write_lat message).
+std::shared_ptr<Qp> Hca::FindQpFor(link::Channel& ch, uint32_t qpn) {
+  link::Channel::SinkMemo& memo = ch.sink_memo();
+  const uint64_t generation = qps_generation_.load(std::memory_order_acquire);
+  if (memo.key == qpn && memo.generation == generation) {
+    if (std::shared_ptr<void> known = memo.target.lock())
+      return std::static_pointer_cast<Qp>(known);
+  }
+  std::shared_ptr<Qp> qp = FindQp(qpn);
+  if (qp) {
+    memo.target = qp;
+    memo.key = qpn;
+    memo.generation = generation;
+  }
+  return qp;
 }
 
 std::shared_ptr<link::Channel> Hca::Resolve(const ibv_ah_attr& attr, uint32_t qpn, bool datagram) {
@@ -264,7 +283,7 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
       qp->OnRelayAnswer(p.bth->psn(), p.ext<wire::Aeth>(p.info->aeth)->syndrome);
     return;
   }
-  std::shared_ptr<Qp> qp = FindQp(p.bth->qpn());
+  std::shared_ptr<Qp> qp = FindQpFor(ch, p.bth->qpn());
   if (!qp) {  // like a real HCA: frames for unknown QPs vanish
     SOFTRDMA_LOG("frame for unknown qp %#x dropped", p.bth->qpn());
     return;
@@ -273,8 +292,9 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
     if (qp->handles.load() == 0) RemoveQp(qp->qpn());  // no handle on it anywhere any more
     return;
   }
-  t.hold = std::static_pointer_cast<FrameReceiver>(qp);
-  qp->RxHeader(ch, p, t);
+  Qp* receiver = qp.get();
+  t.hold = std::static_pointer_cast<FrameReceiver>(std::move(qp));
+  receiver->RxHeader(ch, p, t);
 }
 
 // `hold` is always set as a FrameReceiver, so the cast back is exact.

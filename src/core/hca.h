@@ -45,6 +45,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::shared_ptr<Qp> CreateQp(Context& ctx, const Qp::Init& init, int* err, uint32_t qpn = 0);
   void RemoveQp(uint32_t qpn);
   std::shared_ptr<Qp> FindQp(uint32_t qpn);
+  // FindQp for a frame that came on `ch`, remembering the answer on the channel.
+  std::shared_ptr<Qp> FindQpFor(link::Channel& ch, uint32_t qpn);
 
   // Finds the channel that reaches the node addressed by `attr` (and `qpn` when no GRH/LID).
   // `datagram`: the channel carries UD traffic, which may take the UDP link.
@@ -195,6 +197,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::atomic<uint32_t> pd_handles_{0};
 
   std::shared_mutex qp_mu_;
+  // Counts removals from qps_: a channel's memo of a QP (FindQpFor) from before one is not used.
+  std::atomic<uint64_t> qps_generation_{1};
   std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
   uint32_t next_qp_index_ = 1;
 

@@ -130,8 +130,21 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Identity the peer announced; valid once frames arrive from it.
   const NodeId& peer_id() const { return peer_id_; }
 
+  // The sink's note of where this channel's last frame went, so that the next one to the same place
+  // is found without a table lookup. Only whoever delivers the channel's frames (under the
+  // endpoint's progress mutex) touches it; the link never reads it.
+  struct SinkMemo {
+    std::weak_ptr<void> target;
+    uint32_t key = 0;
+    uint64_t generation = 0;  // the sink's; 0 never matches
+  };
+  SinkMemo& sink_memo() { return sink_memo_; }
+
  protected:
   NodeId peer_id_;
+
+ private:
+  SinkMemo sink_memo_;
 };
 
 class FrameSink {

@@ -144,6 +144,61 @@ TEST(TcpPathOnTcp, FramesOfEverySizeArriveWhole) {
             0);
 }
 
+// Takes one SEND, then destroys its QP while the connection stays (the process keeps others).
+int TakeOneThenDestroy(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  Qp* keep = c.v.NewQp(o);  // holds the process's endpoint and connection open meanwhile
+  if (!keep || PostRecv(c.q->qp, *c.b, 0, 64, 1) || !p.Send('R')) return 14;
+  ibv_wc wc;
+  if (!PollOne(c.q->rcq, &wc) || wc.status != IBV_WC_SUCCESS) return 15;
+  if (ibv_destroy_qp(c.q->qp)) return 16;
+  c.q->qp = nullptr;
+  if (!p.Send('D')) return 17;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
+// A connection remembers which QP its last frame went to (Hca::FindQpFor); once that QP is
+// destroyed, frames for it vanish as for any unknown QP, and the sender's retries run out.
+TEST_F(TcpPath, FramesForADestroyedQpVanishOnTheConnectionThatFedIt) {
+  const char* link = getenv("SOFTRDMA_LINK");
+  if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  QpOpts o;
+  o.timeout = 8;  // ~1 ms
+  o.retry_cnt = 1;
+  Qp* a = v.NewQp(o);
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return TakeOneThenDestroy({up, down}, o); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+  char step;
+  ASSERT_TRUE(child.Recv(&step));
+  ibv_wc wc;
+  ASSERT_EQ(PostSendMsg(a->qp, *b, 0, 8, 1), 0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_TRUE(child.Recv(&step));
+  ASSERT_EQ(step, 'D');
+  ASSERT_EQ(PostSendMsg(a->qp, *b, 0, 8, 2), 0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << WcStr(wc);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer's side went wrong";
+}
+
+TEST(TcpPathOnTcp, FramesForADestroyedQpVanish) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("TcpPath.FramesForADestroyedQpVanishOnTheConnectionThatFedIt", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
 TEST(TcpPathOnTcp, OneConnectionCarriesBothDirections) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("TcpPath.AnAnswerTravelsOnTheConnectionTheRequestCameOn", 2,
