@@ -110,7 +110,8 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
       for (uint32_t i = 0; i < w.num_sge; ++i) {
         const ibv_sge& s = w.sge[i];
         if (s.length == 0) continue;
-        uint8_t* host = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, 0, true, &why);
+        uint8_t* host = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, 0, true, &why, 0, nullptr,
+                                           &mr_cache_);
         if (!host) return IBV_WC_LOC_PROT_ERR;
         f.AddPayload(host, s.length);
       }
@@ -121,7 +122,8 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
     for (uint32_t i = 0; i < w.num_sge; ++i) {
       const ibv_sge& s = w.sge[i];
       if (s.length == 0) continue;
-      if (!hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why))
+      if (!hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why, 0,
+                              nullptr, &mr_cache_))
         return IBV_WC_LOC_PROT_ERR;
     }
   }

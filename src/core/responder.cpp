@@ -200,8 +200,9 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     }
     if (len > 0) {
       KeyCheck why;
-      uint8_t* host = hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len,
-                                         IBV_ACCESS_REMOTE_WRITE, false, &why, qpn_);
+      uint8_t* host =
+          hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len, IBV_ACCESS_REMOTE_WRITE, false,
+                             &why, qpn_, nullptr, &mr_cache_);
       if (!host) {
         w.kind = RxWork::kDrop;
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
@@ -247,8 +248,8 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       for (uint32_t i = 0; i < r.num_sge; ++i) {
         const ibv_sge& s = r.sge[i];
         if (s.length == 0) continue;
-        uint8_t* host =
-            hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why);
+        uint8_t* host = hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE,
+                                           true, &why, 0, nullptr, &mr_cache_);
         if (!host) {
           w.recv_status = IBV_WC_LOC_PROT_ERR;
           w.nak = wire::aeth::kNakRemoteOperation;
@@ -283,7 +284,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     if (len > 0) {
       KeyCheck why;
       host = hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len, IBV_ACCESS_REMOTE_READ,
-                                false, &why, qpn_);
+                                false, &why, qpn_, nullptr, &mr_cache_);
       if (!host)
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     }
@@ -301,7 +302,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       return ResponderErrorLocked(ch, wire::aeth::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     KeyCheck why;
     uint8_t* host = hca_.mrs().Resolve(a->key(), key_pd, a->addr(), 8, IBV_ACCESS_REMOTE_ATOMIC,
-                                       false, &why, qpn_);
+                                       false, &why, qpn_, nullptr, &mr_cache_);
     if (!host)
       return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     auto* target = reinterpret_cast<uint64_t*>(host);
@@ -369,8 +370,8 @@ void Qp::RxUdHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   for (uint32_t i = 0; i < r.num_sge; ++i) {
     const ibv_sge& s = r.sge[i];
     if (s.length == 0) continue;
-    uint8_t* host =
-        hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true, &why);
+    uint8_t* host = hca_.mrs().Resolve(s.lkey, pd, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, true,
+                                       &why, 0, nullptr, &mr_cache_);
     if (!host) {
       w.recv_status = IBV_WC_LOC_PROT_ERR;
       return;
