@@ -180,6 +180,7 @@ class FakeShmPeer {
 class ShmHostilePeer : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (semantics::ShmLinkOff()) GTEST_SKIP() << semantics::kShmLinkOff;
     ctx_ = semantics::OpenFirstDevice();
     ASSERT_NE(ctx_, nullptr);
     ibv_gid gid;
@@ -370,6 +371,7 @@ int PolledUdReceiver(semantics::ChildPipe p, uint32_t qkey, uint32_t payload,
 // memory: retry exceeded in about 1 run in 6). Stopping the process while the peer writes makes
 // that order certain.
 TEST(ShmPeerSetup, AFirstRecordByReferenceFindsTheArenaQueuedBehindTheWindowTable) {
+  if (semantics::ShmLinkOff()) GTEST_SKIP() << semantics::kShmLinkOff;
   constexpr uint32_t kQkey = 0x11111111, kPayload = 4096, kArenaOffset = 4096;
   constexpr uint8_t kSalt = 3;
   semantics::ForkedPeer child;

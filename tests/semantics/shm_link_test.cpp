@@ -79,6 +79,7 @@ int Peer(ChildPipe p, QpOpts o) {
 class ShmLink : public VerbsTest {};
 
 TEST_F(ShmLink, LargeUnalignedMessagesCrossIntactInBothDirections) {
+  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
   QpOpts o;
   Qp* a = v.NewQp(o);
   Buffer* buf = Buf(kBuf);

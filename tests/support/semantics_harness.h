@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -630,6 +631,14 @@ inline bool ReadAll(int fd, void* p, size_t n) {
 // The child is forked before it opens the device, so it gets its own HCA and talks to this
 // process over TCP. It is killed and reaped when this object dies, whatever path the test took,
 // and it kills itself if the parent dies or after a watchdog period.
+// Whether this process runs with the shared-memory link off (SOFTRDMA_LINK=tcp): the tests of that
+// link then skip instead of failing.
+inline bool ShmLinkOff() {
+  const char* link = getenv("SOFTRDMA_LINK");
+  return link && std::string(link) == "tcp";
+}
+constexpr const char* kShmLinkOff = "the shared-memory link is off here (SOFTRDMA_LINK=tcp)";
+
 // In a forked child before it opens its device: "tcp" keeps same-host peers off shared memory
 // (the child listens on no shared-memory socket, so neither side can reach the other that way).
 inline void ForceLink(const char* link) {
