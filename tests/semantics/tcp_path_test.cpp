@@ -90,10 +90,13 @@ struct Target {
   uint32_t rkey;
 };
 
-// Publishes a buffer for the parent's WRITEs and READs, and waits for the end.
-int Target64k(ChildPipe p, QpOpts o) {
+constexpr uint32_t kLargest = (4u << 20) + 123;
+
+// Publishes a buffer for the parent's WRITEs and READs, and waits for the end (without polling:
+// its progress thread receives, woken by epoll).
+int TargetBuffer(ChildPipe p, QpOpts o) {
   ChildQp c;
-  if (int e = c.Connect(p, o, 80 * 1024)) return e;
+  if (int e = c.Connect(p, o, kLargest)) return e;
   if (!p.Send(Target{c.b->addr(0), c.b->mr->rkey})) return 14;
   char done;
   p.Recv(&done);
@@ -101,24 +104,24 @@ int Target64k(ChildPipe p, QpOpts o) {
 }
 
 // Small frames leave in one piece, gathered, and larger ones as a vector (WriteNowLocked): every
-// size on both sides of the limit, in requests (WRITE) and responses (READ), arrives whole.
+// size on both sides of the limit, in requests (WRITE) and responses (READ), arrives whole, and
+// so do payloads of megabytes, with small frames after them.
 TEST_F(TcpPath, FramesOfEverySizeAroundTheOnePieceLimitArriveWhole) {
   const char* link = getenv("SOFTRDMA_LINK");
   if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
-  constexpr uint32_t kMax = 70 * 1024;
   Qp* a = v.NewQp(QpOpts{});
-  Buffer* out = Buf(kMax);
-  Buffer* back = Buf(kMax);
+  Buffer* out = Buf(kLargest);
+  Buffer* back = Buf(kLargest);
   ASSERT_TRUE(a && out && back);
   ForkedPeer child;
-  ASSERT_TRUE(child.Start([](int up, int down) { return Target64k(ChildPipe{up, down}, {}); }));
+  ASSERT_TRUE(child.Start([](int up, int down) { return TargetBuffer(ChildPipe{up, down}, {}); }));
   Remote theirs;
   ASSERT_TRUE(child.Recv(&theirs));
   ASSERT_TRUE(child.Send(v.RemoteOf(a)));
   ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
   Target t{};
   ASSERT_TRUE(child.Recv(&t));
-  std::vector<uint32_t> sizes{1, 2, 7, 64, 1000, 4096, kMax};
+  std::vector<uint32_t> sizes{1, 2, 7, 64, 300 * 1024, (1u << 20) + 7, kLargest, 1000, 4096};
   for (uint32_t n = 400; n <= 620; ++n) sizes.push_back(n);
   uint64_t id = 1;
   for (uint32_t n : sizes) {
