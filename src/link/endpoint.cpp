@@ -38,7 +38,7 @@ constexpr size_t kRxBufferBytes = 256 * 1024;
 // Payload remainders at least this large are read straight into their destination.
 constexpr size_t kDirectReadBytes = 16 * 1024;
 constexpr int kFramesPerWakeup = 256;
-// Frames up to this size in all are copied into one piece before sendmsg (WriteNowLocked).
+// Frames up to this size in all are copied into one piece and written by send (WriteNowLocked).
 constexpr size_t kGatherBytes = 512;
 constexpr int kIovBatch = 512;
 

@@ -13,7 +13,6 @@
 #include "support/fresh_process.h"
 #include "support/semantics_harness.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -56,9 +55,13 @@ int Echo(ChildPipe p, QpOpts o) {
 
 class TcpPath : public VerbsTest {};
 
+// How many of `rounds` fresh runs of the TcpPath test `test`, on the TCP link, failed.
+int FailedRunsOnTcp(const std::string& test, int rounds, std::chrono::seconds bound) {
+  return FailedFreshRuns(test, rounds, bound, {"SOFTRDMA_LINK=tcp"});
+}
+
 TEST_F(TcpPath, AnAnswerTravelsOnTheConnectionTheRequestCameOn) {
-  const char* link = getenv("SOFTRDMA_LINK");
-  if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  if (!ShmLinkOff()) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
   Qp* a = v.NewQp(QpOpts{});
   Buffer* b = Buf(64);
   ASSERT_TRUE(a && b);
@@ -107,8 +110,7 @@ int TargetBuffer(ChildPipe p, QpOpts o) {
 // size on both sides of the limit, in requests (WRITE) and responses (READ), arrives whole, and
 // so do payloads of megabytes, with small frames after them.
 TEST_F(TcpPath, FramesOfEverySizeAroundTheOnePieceLimitArriveWhole) {
-  const char* link = getenv("SOFTRDMA_LINK");
-  if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  if (!ShmLinkOff()) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
   Qp* a = v.NewQp(QpOpts{});
   Buffer* out = Buf(kLargest);
   Buffer* back = Buf(kLargest);
@@ -142,8 +144,8 @@ TEST_F(TcpPath, FramesOfEverySizeAroundTheOnePieceLimitArriveWhole) {
 
 TEST(TcpPathOnTcp, FramesOfEverySizeArriveWhole) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(FailedFreshRuns("TcpPath.FramesOfEverySizeAroundTheOnePieceLimitArriveWhole", 1,
-                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+  EXPECT_EQ(FailedRunsOnTcp("TcpPath.FramesOfEverySizeAroundTheOnePieceLimitArriveWhole", 1,
+                            std::chrono::seconds(60)),
             0);
 }
 
@@ -166,8 +168,7 @@ int TakeOneThenDestroy(ChildPipe p, QpOpts o) {
 // A connection remembers which QP its last frame went to (Hca::FindQpFor); once that QP is
 // destroyed, frames for it vanish as for any unknown QP, and the sender's retries run out.
 TEST_F(TcpPath, FramesForADestroyedQpVanishOnTheConnectionThatFedIt) {
-  const char* link = getenv("SOFTRDMA_LINK");
-  if (!link || std::strcmp(link, "tcp") != 0) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  if (!ShmLinkOff()) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
   QpOpts o;
   o.timeout = 8;  // ~1 ms
   o.retry_cnt = 1;
@@ -197,15 +198,15 @@ TEST_F(TcpPath, FramesForADestroyedQpVanishOnTheConnectionThatFedIt) {
 
 TEST(TcpPathOnTcp, FramesForADestroyedQpVanish) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(FailedFreshRuns("TcpPath.FramesForADestroyedQpVanishOnTheConnectionThatFedIt", 1,
-                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+  EXPECT_EQ(FailedRunsOnTcp("TcpPath.FramesForADestroyedQpVanishOnTheConnectionThatFedIt", 1,
+                            std::chrono::seconds(60)),
             0);
 }
 
 TEST(TcpPathOnTcp, OneConnectionCarriesBothDirections) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(FailedFreshRuns("TcpPath.AnAnswerTravelsOnTheConnectionTheRequestCameOn", 2,
-                            std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp"}),
+  EXPECT_EQ(FailedRunsOnTcp("TcpPath.AnAnswerTravelsOnTheConnectionTheRequestCameOn", 2,
+                            std::chrono::seconds(30)),
             0);
 }
 
