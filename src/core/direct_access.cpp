@@ -96,7 +96,7 @@ bool Qp::TryDirectLocked(SendWqe& w) {
       }
     }
   };
-  return peer->With(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, op) ==
+  return peer->With(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, op, &window_memo_) ==
              link::PeerWindows::Access::kDone &&
          done;
 }

@@ -118,13 +118,8 @@ size_t MrTable::size() const {
   return by_key_.size();
 }
 
-bool MrTable::Lookup(uint32_t key, Mr* out, Cache* cache) const {
+bool MrTable::LookupInTable(uint32_t key, Mr* out, Cache* cache) const {
   Cache::Entry* c = cache ? &cache->entries_[key % Cache::kWays] : nullptr;
-  if (c && c->table == id_ && c->generation == generation_.load(std::memory_order_acquire) &&
-      c->mr.key == key && key != 0) {
-    *out = c->mr;
-    return true;
-  }
   std::shared_lock<std::shared_mutex> g(mu_);
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return false;

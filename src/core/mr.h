@@ -99,8 +99,20 @@ class MrTable {
   uint8_t* ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
                                KeyCheck* why, uint32_t qpn) const;
   // The region of `key`, from `cache` when it holds the key for this table as it is now, else from
-  // the table (and then remembered in `cache`). False: no region has that key.
-  bool Lookup(uint32_t key, Mr* out, Cache* cache) const;
+  // the table (and then remembered in `cache`). False: no region has that key. Inline: a hit is
+  // on the path of every direct operation.
+  bool Lookup(uint32_t key, Mr* out, Cache* cache) const {
+    if (cache) {
+      const Cache::Entry& c = cache->entries_[key % Cache::kWays];
+      if (c.table == id_ && c.generation == generation_.load(std::memory_order_acquire) &&
+          c.mr.key == key && key != 0) {
+        *out = c.mr;
+        return true;
+      }
+    }
+    return LookupInTable(key, out, cache);
+  }
+  bool LookupInTable(uint32_t key, Mr* out, Cache* cache) const;
   // Distinguishes tables in caches, and changes whenever a region is removed or changed (under
   // mu_, written).
   const uint64_t id_;

@@ -18,11 +18,7 @@
 #include "core/recv_queue.h"
 #include "core/wire.h"
 #include "link/link.h"
-
-namespace softrdma::link {
-struct DirectRecvQueue;
-class PeerWindows;
-}  // namespace softrdma::link
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 
@@ -269,7 +265,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   ibv_qp* user_handle_;
 
   std::mutex mu_;
-  MrTable::Cache mr_cache_;  // under mu_: the local keys of the direct paths
+  MrTable::Cache mr_cache_;              // under mu_: the local keys of the direct paths
+  link::PeerWindows::Memo window_memo_;  // under mu_: the peer's window the direct path used last
   // A shared XRC target: its record in the domain's table (null otherwise).
   // Set once the QP is in the HCA's table and read per inbound frame without mu_.
   std::atomic<TargetTable*> target_table_{nullptr};

@@ -89,6 +89,8 @@ void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const 
     e.len = len;
     e.arena_offset = piece.offset;
     e.rights = rights;
+    e.publication.store(e.publication.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
     e.key.store(key, std::memory_order_release);  // last: the entry is whole when it appears
     return;
   }
@@ -173,7 +175,9 @@ PeerWindows* PeerWindows::Map(int table_fd, int arena_fd) {
     munmap(t, sizeof(WindowTable));
     return nullptr;
   }
+  static std::atomic<uint64_t> next_id{1};
   auto* p = new PeerWindows();
+  p->id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   p->table_ = static_cast<WindowTable*>(t);
   p->arena_ = static_cast<uint8_t*>(a);
   p->arena_reserved_ = kArenaReserve;
@@ -233,27 +237,34 @@ WindowEntry* PeerWindows::Find(uint32_t key, uint32_t endpoint, uint64_t len, ui
 }
 
 uint8_t* PeerWindows::Check(WindowEntry& e, uint32_t key, uint32_t domain, uint64_t addr,
-                            uint64_t len, uint32_t rights) {
+                            uint64_t len, uint32_t rights, Memo* memo) {
+  // The key first: the fields read after it are of the publication that wrote it, which cannot be
+  // withdrawn while we are counted in.
+  if (e.key.load(std::memory_order_seq_cst) != key) return nullptr;
+  uint32_t publication = e.publication.load(std::memory_order_relaxed);
   uint64_t base = e.base, wlen = e.len, off = e.arena_offset;
-  bool ok = e.key.load(std::memory_order_seq_cst) == key && e.domain == domain &&
-            (e.rights & rights) == rights && addr >= base && addr - base <= wlen &&
-            len <= wlen - (addr - base) && off <= UINT64_MAX - wlen &&
+  uint32_t granted = e.rights;
+  bool ok = e.domain == domain && (granted & rights) == rights && addr >= base &&
+            addr - base <= wlen && len <= wlen - (addr - base) && off <= UINT64_MAX - wlen &&
             ArenaCovers(off + (addr - base) + len);
-  return ok ? arena_ + off + (addr - base) : nullptr;
+  if (!ok) return nullptr;
+  if (memo) *memo = Memo{id_, &e, key, 0, domain, granted, publication, base, wlen, off};
+  return arena_ + off + (addr - base);
 }
 
-uint8_t* PeerWindows::Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
-                            uint32_t rights, WindowEntry** out) {
+uint8_t* PeerWindows::EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                                    uint32_t rights, WindowEntry** out, Memo* memo) {
   uint32_t domain;
   WindowEntry* e = Find(key, endpoint, len, rights, &domain);
   if (!e) return nullptr;
   e->users.fetch_add(1, std::memory_order_seq_cst);
   // Counted in first, then checked: a withdrawal either sees us or we see it.
-  uint8_t* p = Check(*e, key, domain, addr, len, rights);
+  uint8_t* p = Check(*e, key, domain, addr, len, rights, memo);
   if (!p) {
     e->users.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
+  if (memo) memo->endpoint = endpoint;
   *out = e;
   return p;
 }

@@ -33,8 +33,12 @@ struct alignas(64) WindowEntry {
   uint64_t arena_offset;
   uint32_t rights;
   std::atomic<uint32_t> users;  // peers inside an access
+  // Counts the publications in this slot: a peer's memo of an entry (PeerWindows::Memo) holds
+  // while key and publication are unchanged (ibv_rereg_mr(3) publishes the same key anew).
+  std::atomic<uint32_t> publication;
 };
 static_assert(sizeof(WindowEntry) == 64);
+static_assert(offsetof(WindowEntry, publication) == 40);
 
 struct EndpointEntry {
   std::atomic<uint32_t> id;  // 0: none
@@ -175,24 +179,44 @@ class PeerWindows {
   static PeerWindows* Map(int table_fd, int arena_fd);
   ~PeerWindows();
 
+  // What an access found, so that the next one to the same window skips the lookup and most
+  // checks (a queue pair's, used under its lock: a third of the library's time per direct atomic
+  // went to them). It holds while the entry carries the same key and publication.
+  struct Memo {
+    uint64_t peer = 0;  // PeerWindows::id_: a mapping at a freed one's address is another
+    WindowEntry* entry = nullptr;
+    uint32_t key = 0, endpoint = 0, domain = 0, rights = 0, publication = 0;
+    uint64_t base = 0, len = 0, arena_offset = 0;
+  };
+
   enum class Access { kDone, kRefused };
   // Runs fn(pointer) on [addr, addr+len) of window `key`, reached through endpoint `endpoint`,
   // when every check passes; kRefused otherwise (the caller then goes the long way, where the
   // peer answers with the proper error).
   template <typename Fn>
-  Access With(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
-              Fn fn) {
+  Access With(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights, Fn fn,
+              Memo* memo = nullptr) {
     WindowEntry* w = nullptr;
-    uint8_t* p = Enter(key, endpoint, addr, len, rights, &w);
+    uint8_t* p = Enter(key, endpoint, addr, len, rights, &w, memo);
     if (!p) return Access::kRefused;
     fn(p);
     Leave(w);
     return Access::kDone;
   }
   // The host address of the range, with the peer counted in on `*w` until Leave(*w); nullptr when
-  // refused.
+  // refused. `memo`, when given, answers first and remembers what the checks found.
   uint8_t* Enter(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
-                 WindowEntry** w);
+                 WindowEntry** w, Memo* memo = nullptr) {
+    if (memo && memo->entry) {
+      if (uint8_t* p = EnterByMemo(*memo, key, endpoint, addr, len, rights)) {
+        *w = memo->entry;
+        return p;
+      }
+    }
+    return EnterByLookup(key, endpoint, addr, len, rights, w, memo);
+  }
+  uint8_t* EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                         uint32_t rights, WindowEntry** w, Memo* memo);
   // The same checks, counting nothing: for a SEND's pieces, placed while the sender is counted in
   // a receive queue of this peer (EnterRecvQueue), which a withdrawal waits for.
   uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights);
@@ -214,10 +238,35 @@ class PeerWindows {
   // domain.
   WindowEntry* Find(uint32_t key, uint32_t endpoint, uint64_t len, uint32_t rights,
                     uint32_t* domain);
-  // The host address of [addr, addr+len) of `e` when it still holds `key` and grants the access.
+  // The host address of [addr, addr+len) of `e` when it still holds `key` and grants the access;
+  // `memo`, when given, receives what was checked.
   uint8_t* Check(WindowEntry& e, uint32_t key, uint32_t domain, uint64_t addr, uint64_t len,
-                 uint32_t rights);
+                 uint32_t rights, Memo* memo = nullptr);
+  // Enter by `memo`: nullptr when it does not hold (then nothing is counted).
+  uint8_t* EnterByMemo(const Memo& m, uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                       uint32_t rights) {
+    if (len == 0 || m.peer != id_ || m.key != key || m.endpoint != endpoint ||
+        (m.rights & rights) != rights || addr < m.base || addr - m.base > m.len ||
+        len > m.len - (addr - m.base) ||
+        m.arena_offset + (addr - m.base) + len > arena_size_.load(std::memory_order_relaxed))
+      return nullptr;
+    // The endpoint is checked every time, as Find does: the peer closes it when its QP leaves RTS.
+    const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
+    if ((ep.rights.load(std::memory_order_acquire) & rights) != rights ||
+        ep.id.load(std::memory_order_relaxed) != endpoint || ep.domain != m.domain)
+      return nullptr;
+    WindowEntry& e = *m.entry;
+    e.users.fetch_add(1, std::memory_order_seq_cst);
+    // Counted in first, then checked, as Enter: the same key and publication is the same window.
+    if (e.key.load(std::memory_order_seq_cst) != key ||
+        e.publication.load(std::memory_order_relaxed) != m.publication) {
+      Leave(&e);
+      return nullptr;
+    }
+    return arena_ + m.arena_offset + (addr - m.base);
+  }
 
+  uint64_t id_ = 0;  // unique in the process, never 0
   WindowTable* table_ = nullptr;
   uint8_t* arena_ = nullptr;
   size_t arena_reserved_ = 0;            // virtual size of the arena mapping

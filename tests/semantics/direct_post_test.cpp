@@ -38,7 +38,8 @@ struct Received {
 // The peer: a connected QP and a region the parent writes, reads and updates, of anonymous memory
 // (what the link lets a peer reach directly): whole pages, or from `offset` into the first page
 // (as a buffer from malloc may start). It posts one receive (for an immediate), then answers 'r'
-// with its receive completion; 'x' ends.
+// with its receive completion; 'w' re-registers the region without remote write and 'u' moves it
+// to the buffer's upper half, each answered with ibv_rereg_mr's result; 'x' ends.
 int Peer(ChildPipe p, QpOpts o, size_t offset = 0) {
   ChildQp c;
   if (int e = c.Connect(p, o, 64)) return e;
@@ -53,6 +54,14 @@ int Peer(ChildPipe p, QpOpts o, size_t offset = 0) {
     char kind;
     if (!p.Recv(&kind)) return 22;
     if (kind == 'x') return ibv_dereg_mr(mr) ? 26 : 0;
+    if (kind == 'w' || kind == 'u') {
+      int r = kind == 'w' ? ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                         kAllAccess & ~IBV_ACCESS_REMOTE_WRITE)
+                          : ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr,
+                                         static_cast<uint8_t*>(m) + kBytes / 2, kBytes / 2, 0);
+      if (!p.Send(r)) return 27;
+      continue;
+    }
     ibv_wc wc{};
     Received r{-1, 0, 0};
     if (PollOne(c.q->rcq, &wc, std::chrono::seconds(10)))
@@ -236,6 +245,41 @@ TEST_F(DirectPost, WorkChainedBehindQueuedWorkCompletesInOrder) {
   EXPECT_EQ(r.imm, 0x1234u);
   ASSERT_NO_FATAL_FAILURE(ReadBack(500, 3, 600));
   EXPECT_EQ(std::memcmp(local->data() + 600, "abc", 3), 0);
+}
+
+// The direct path remembers the peer's window it used last (PeerWindows::Memo); ibv_rereg_mr(3)
+// publishes the same key anew, with other rights or another place, and what was remembered must
+// not outlive it.
+class DirectPostReRegistered : public DirectPost {
+ protected:
+  // A WRITE at `off` into the peer's region, then `kind` ('w' or 'u') re-registers it; the same
+  // WRITE again completes with the returned status.
+  ibv_wc_status WriteAfterReRegistration(char kind, uint64_t off) {
+    local->data()[0] = 0x77;
+    EXPECT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr + off, target.rkey, 71),
+              0);
+    ibv_wc wc{};
+    EXPECT_TRUE(PollOne(q->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    EXPECT_TRUE(child.Send(kind));
+    int r = -1;
+    EXPECT_TRUE(child.Recv(&r, std::chrono::seconds(15)));
+    EXPECT_EQ(r, 0) << "ibv_rereg_mr failed in the peer";
+    EXPECT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr + off, target.rkey, 72),
+              0);
+    wc = ibv_wc{};
+    EXPECT_TRUE(PollOne(q->scq, &wc));
+    EXPECT_EQ(wc.wr_id, 72u);
+    return wc.status;
+  }
+};
+
+TEST_F(DirectPostReRegistered, ARegionThatLostRemoteWriteRefusesTheNextWrite) {
+  EXPECT_EQ(WriteAfterReRegistration('w', 64), IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_F(DirectPostReRegistered, ARegionMovedElsewhereIsNoLongerReachedAtItsOldPlace) {
+  EXPECT_EQ(WriteAfterReRegistration('u', 64), IBV_WC_REM_ACCESS_ERR);
 }
 
 TEST_F(DirectPost, ABadLocalKeyStillFailsAsTheQueueWouldReportIt) {
