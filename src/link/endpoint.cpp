@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -44,6 +45,23 @@ constexpr int kIovBatch = 512;
 
 uint64_t Key(const PeerAddr& a);
 void TuneSocket(int fd);
+
+// epoll_pwait2 (Linux 5.11) waits with a timeout in nanoseconds. Older kernels answer ENOSYS, and
+// container seccomp profiles older than the call EPERM (it has no EPERM of its own): then the
+// epoll descriptor is waited on with ppoll, which takes nanoseconds too, and read without
+// waiting. Taking the failure for "no events" made the progress thread spin and leave frames
+// unread (ib_write_lat hung; test OldKernel.*).
+int WaitForEvents(int epfd, epoll_event* events, int max, const timespec* timeout) {
+  static std::atomic<bool> without_pwait2{false};
+  if (!without_pwait2.load(std::memory_order_relaxed)) {
+    int n = epoll_pwait2(epfd, events, max, timeout, nullptr);
+    if (n >= 0 || (errno != ENOSYS && errno != EPERM)) return n;
+    without_pwait2.store(true, std::memory_order_relaxed);
+  }
+  pollfd p{epfd, POLLIN, 0};
+  int ready = ppoll(&p, 1, timeout, nullptr);
+  return ready > 0 ? epoll_wait(epfd, events, max, 0) : ready;
+}
 
 // The owner of the other end of a TCP connection within this network namespace (/proc/net/tcp
 // lists both ends), or -1 when that end is elsewhere.
@@ -954,7 +972,7 @@ void Endpoint::Impl::Loop() {
       }
     }
     timespec wait{wait_ns / 1'000'000'000, wait_ns % 1'000'000'000};
-    int woke = epoll_pwait2(outer_fd, outer, 3, wait_ns < 0 ? nullptr : &wait, nullptr);
+    int woke = WaitForEvents(outer_fd, outer, 3, wait_ns < 0 ? nullptr : &wait);
     if (parked.load(std::memory_order_relaxed)) {
       parked.store(false);
       ShmAwake();

@@ -32,9 +32,12 @@ constexpr bool kFreshRunsSkipped = false;
 #endif
 
 // How many of `rounds` runs of `test` (a full GoogleTest name) failed or outlived `bound`.
-// `env` ("NAME=value" each) is set in the fresh processes only.
+// `env` ("NAME=value" each) is set in the fresh processes only; `prepare`, when given, runs in
+// each of them before the test binary starts (what it sets up must survive execve), and a run
+// counts as failed when it returns false.
 inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::seconds bound,
-                           std::initializer_list<const char*> env = {}) {
+                           std::initializer_list<const char*> env = {},
+                           bool (*prepare)() = nullptr) {
   int failed = 0;
   std::string filter = "--gtest_filter=" + test;
   for (int i = 0; i < rounds; ++i) {
@@ -45,6 +48,7 @@ inline int FailedFreshRuns(const std::string& test, int rounds, std::chrono::sec
       int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
       for (const char* e : env) putenv(const_cast<char*>(e));
+      if (prepare && !prepare()) _exit(126);
       execl("/proc/self/exe", "softrdma_tests", filter.c_str(), nullptr);
       _exit(127);
     }
