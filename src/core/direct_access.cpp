@@ -55,10 +55,14 @@ bool Qp::TryDirectLocked(SendWqe& w) {
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     const ibv_sge& s = w.sge[i];
     if (s.length == 0) continue;
-    KeyCheck why;
-    local[n] = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, local_access, true, &why, 0,
-                                  nullptr, &mr_cache_);
-    if (!local[n]) return false;
+    const MrTable& mrs = hca_.mrs();
+    local[n] = mrs.ResolveLocalCached(s.lkey, pd_, s.addr, s.length, local_access, mr_cache_);
+    if (!local[n]) {
+      KeyCheck why;
+      local[n] = mrs.Resolve(s.lkey, pd_, s.addr, s.length, local_access, true, &why, 0, nullptr,
+                             &mr_cache_);
+      if (!local[n]) return false;
+    }
     lens[n++] = s.length;
   }
   if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);

@@ -77,6 +77,21 @@ class MrTable {
                    KeyCheck* why, uint32_t qpn = 0, uint64_t* iova = nullptr,
                    Cache* cache = nullptr) const;
 
+  // Resolve of a local piece when `cache` answers it, nullptr otherwise (then Resolve says why).
+  // Inline, for the direct paths: through Resolve the cache's answer cost a sixth of the time
+  // per direct atomic.
+  uint8_t* ResolveLocalCached(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
+                              const Cache& cache) const {
+    const Cache::Entry& c = cache.entries_[key % Cache::kWays];
+    const Mr& m = c.mr;
+    uint64_t base = reinterpret_cast<uint64_t>(m.addr);
+    if (c.table != id_ || c.generation != generation_.load(std::memory_order_acquire) ||
+        m.key != key || key == 0 || m.pd != pd || va < base || va - base > m.length ||
+        len > m.length - (va - base) || (m.access & access) != access)
+      return nullptr;
+    return m.addr + (va - base);
+  }
+
   // Memory windows. Alloc returns the first key, whose upper 24 bits name the window.
   uint32_t AllocMw(const Pd* pd, int type);
   void FreeMw(uint32_t rkey);
