@@ -108,7 +108,7 @@ void Qp::SetRefillDueLocked(bool due) {
 }
 
 bool Qp::TryRefillDirectRecvs() {
-  std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+  std::unique_lock g(mu_, std::try_to_lock);
   if (!g.owns_lock()) return false;
   if (refill_due_) RefillDirectRecvLocked(true);
   return true;
@@ -169,12 +169,12 @@ void Qp::CollectFromLocked(DirectRecvQueue* q) {
 }
 
 void Qp::CollectDirectRecvs() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   CollectDirectRecvsLocked();
 }
 
 bool Qp::TryCollectDirectRecvs() {
-  std::unique_lock<std::mutex> g(mu_, std::try_to_lock);
+  std::unique_lock g(mu_, std::try_to_lock);
   if (!g.owns_lock()) return false;
   CollectDirectRecvsLocked();
   return true;

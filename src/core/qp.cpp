@@ -181,7 +181,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
   if (type_ == IBV_QPT_XRC_SEND) mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (type_ == IBV_QPT_XRC_RECV)
     mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   ibv_qp_state cur = state_;
   int raw_next = (mask & IBV_QP_STATE) ? RawEnum(attr.qp_state) : cur;
   int raw_claimed = (mask & IBV_QP_CUR_STATE) ? RawEnum(attr.cur_qp_state) : cur;
@@ -234,7 +234,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
 }
 
 int Qp::Query(ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* init) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   *attr = attr_;
   attr->qp_state = state_;
   attr->cur_qp_state = state_;
@@ -374,7 +374,7 @@ int Qp::ValidateWr(const ibv_send_wr& wr, bool type1_bind) const {
 
 int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch,
                  bool type1_bind) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET || state_ == IBV_QPS_INIT || state_ == IBV_QPS_RTR) {
     *bad = wr;
     return EINVAL;
@@ -495,7 +495,7 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET) {
     *bad = wr;
     return EINVAL;
@@ -531,7 +531,7 @@ void Qp::Shutdown() {
   uint64_t frames_seen;
   int64_t last;  // when the last inbound frame was seen to come
   {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard g(mu_);
     frames_seen = rx_frames_;
     bool idle = link::CoarseNowNs() - last_rx_coarse_ns_ > kDrainQuietNs + link::kCoarseClockStepNs;
     last = idle ? start - kDrainQuietNs - 1 : start;
@@ -540,7 +540,7 @@ void Qp::Shutdown() {
     bool any = hca_.Progress(true);
     uint64_t frames;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      std::lock_guard g(mu_);
       frames = rx_frames_;
     }
     int64_t now = link::NowNs();
@@ -551,7 +551,7 @@ void Qp::Shutdown() {
     if (rounds >= 4 && (now - last > kDrainQuietNs || now - start > kDrainMaxNs)) break;
     if (!any && rounds >= 4) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  std::unique_lock<std::mutex> g(mu_);
+  std::unique_lock g(mu_);
   FlushAckLocked();  // the peer must hear about everything this QP received
   shut_down_ = true;
   if (timer_registered_) hca_.NoteTimerDue(0);  // the next pass takes it off the list
@@ -572,7 +572,7 @@ void Qp::Shutdown() {
 }
 
 void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   RxWork& w = WorkOf(t);
   w.Clear();
   if (shut_down_) return;
@@ -590,7 +590,7 @@ void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
 }
 
 void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   RxWork& w = WorkOf(t);
   if (rx_active_ == 0) return;  // the header was refused before counting
   --rx_active_;
@@ -602,7 +602,7 @@ void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
 }
 
 void Qp::RxAbort(link::RxTarget& t) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (rx_active_ > 0) --rx_active_;
   RxWork& w = WorkOf(t);
   if (w.kind == RxWork::kRelay && relay_.active && relay_.psn == w.psn) relay_ = Relay{};
@@ -624,7 +624,7 @@ void Qp::RxAbort(link::RxTarget& t) {
 }
 
 void Qp::OnChannelClosed(link::Channel& ch) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (ack_channel_.get() == &ch) ack_channel_.reset();
   if (relay_.active && relay_.owner.get() == &ch && relay_.reply && !shut_down_ &&
       state_ != IBV_QPS_ERR) {
@@ -668,14 +668,14 @@ void Qp::RegisterTimerLocked(int64_t due, int64_t wake) {
 }
 
 void Qp::OnRoom() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (room_wait_until_ == 0) return;
   room_wait_until_ = 0;
   RunRequesterLocked();
 }
 
 void Qp::Repath(std::shared_ptr<link::Channel> ch) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   repath_pending_ = false;
   av_.channel.reset();
   if (shut_down_ || (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD)) return;
@@ -717,7 +717,7 @@ void Qp::ResumeWaitingLocked() {
 }
 
 int64_t Qp::OnTimer(int64_t now, int64_t* due) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   *due = INT64_MAX;
   if (shut_down_) {
     ResumeWaitingLocked();

@@ -25,7 +25,7 @@ void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {
 }
 
 void Qp::FlushAck() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   ack_queued_ = false;
   if (!shut_down_) FlushAckLocked();
 }

@@ -201,7 +201,7 @@ void Qp::StartRelayLocked(const RxWork& w) {
 }
 
 void Qp::OnRelayAnswer(uint32_t psn, uint8_t syndrome) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (shut_down_ || !relay_.active || psn != relay_.psn) return;
   relay_.active = false;
   relay_.payload.clear();

@@ -28,7 +28,7 @@ uint16_t SlotOf(uint32_t qpn) {
 // ---- Qp side.
 
 void Qp::AttachTarget(TargetTable* table, TargetRecord* record) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   target_record_ = record;
   target_generation_ = record->generation.load(std::memory_order_acquire);
   serving_ = record->server_pid == getpid();
@@ -44,7 +44,7 @@ bool Qp::TargetChanged() const {
 }
 
 bool Qp::SyncTarget() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   TargetTable& table = *target_table();
   TargetTable::Guard tg(table);
   TargetRecord* r = table.FindLocked(qpn_);
@@ -90,7 +90,7 @@ void Qp::PublishTargetLocked(int mask) {
 }
 
 uint32_t Qp::StopServing() {
-  std::unique_lock<std::mutex> g(mu_);
+  std::unique_lock g(mu_);
   // A message handed to its SRQ's process is answered before we go (bounded): the successor
   // must not take it again from the initiator and deliver it twice. Requests meanwhile wait.
   stopping_ = true;
@@ -109,7 +109,7 @@ uint32_t Qp::StopServing() {
 }
 
 void Qp::ForgetUserHandle(const ibv_qp* handle) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (user_handle_ == handle) user_handle_ = nullptr;
 }
 
