@@ -26,7 +26,7 @@ thread_local PollTarget* t_poll_target = nullptr;
 bool Cq::Push(const ibv_wc& wc, bool solicited) {
   bool notify = false, overflow = false;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard g(mu_);
     if (overflowed_) return false;
     // Only while nothing is queued (it would come first) and nobody waits for an event.
     if (PollTarget* t = t_poll_target; t && t->cq == this && t->got < t->room && count_ == 0 &&
@@ -86,7 +86,7 @@ int Cq::Poll(int n, ibv_wc* out) {
 }
 
 int Cq::PollLocked(int n, ibv_wc* out) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   int got = 0;
   while (got < n && count_ > 0) {
     out[got++] = ring_[head_].wc;
@@ -99,7 +99,7 @@ int Cq::PollLocked(int n, ibv_wc* out) {
 
 int Cq::Arm(bool solicited_only) {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard g(mu_);
     // A later "any completion" request widens an earlier solicited-only one, never the reverse.
     if (!solicited_only)
       armed_ = kNext;
@@ -111,7 +111,7 @@ int Cq::Arm(bool solicited_only) {
 }
 
 int Cq::Resize(uint32_t depth) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard g(mu_);
   if (depth < count_) return EINVAL;
   std::vector<Cqe> fresh(depth + 1);
   for (size_t i = 0; i < count_; ++i) fresh[i] = ring_[(head_ + i) % ring_.size()];
