@@ -1,4 +1,4 @@
-// The lock of a queue pair, taken by every work request: lock and unlock are inline, one
+// The lock of a queue pair or CQ, taken by every work request: lock and unlock are inline, one
 // compare-and-swap and one exchange when nobody waits, a futex wait when somebody holds it.
 // std::mutex took two library calls that also keep an owner and a user count: 8 ns of the ~100
 // per direct atomic in ib_atomic_bw. Under ThreadSanitizer it is std::mutex, which TSan follows.
