@@ -82,14 +82,13 @@ class MrTable {
   // per direct atomic.
   uint8_t* ResolveLocalCached(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
                               const Cache& cache) const {
-    const Cache::Entry& c = cache.entries_[key % Cache::kWays];
-    const Mr& m = c.mr;
-    uint64_t base = reinterpret_cast<uint64_t>(m.addr);
-    if (c.table != id_ || c.generation != generation_.load(std::memory_order_acquire) ||
-        m.key != key || key == 0 || m.pd != pd || va < base || va - base > m.length ||
-        len > m.length - (va - base) || (m.access & access) != access)
+    const Mr* m = Cached(key, cache);
+    if (!m) return nullptr;
+    uint64_t base = reinterpret_cast<uint64_t>(m->addr);
+    if (m->pd != pd || va < base || va - base > m->length || len > m->length - (va - base) ||
+        (m->access & access) != access)
       return nullptr;
-    return m.addr + (va - base);
+    return m->addr + (va - base);
   }
 
   // Memory windows. Alloc returns the first key, whose upper 24 bits name the window.
@@ -117,15 +116,19 @@ class MrTable {
   // the table (and then remembered in `cache`). False: no region has that key. Inline: a hit is
   // on the path of every direct operation.
   bool Lookup(uint32_t key, Mr* out, Cache* cache) const {
-    if (cache) {
-      const Cache::Entry& c = cache->entries_[key % Cache::kWays];
-      if (c.table == id_ && c.generation == generation_.load(std::memory_order_acquire) &&
-          c.mr.key == key && key != 0) {
-        *out = c.mr;
-        return true;
-      }
+    if (const Mr* m = cache ? Cached(key, *cache) : nullptr) {
+      *out = *m;
+      return true;
     }
     return LookupInTable(key, out, cache);
+  }
+  // The region `cache` remembers for `key`, when it does for this table as it is now.
+  const Mr* Cached(uint32_t key, const Cache& cache) const {
+    const Cache::Entry& c = cache.entries_[key % Cache::kWays];
+    return c.table == id_ && c.generation == generation_.load(std::memory_order_acquire) &&
+                   c.mr.key == key && key != 0
+               ? &c.mr
+               : nullptr;
   }
   bool LookupInTable(uint32_t key, Mr* out, Cache* cache) const;
   // Distinguishes tables in caches, and changes whenever a region is removed or changed (under

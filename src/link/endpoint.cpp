@@ -49,8 +49,8 @@ void TuneSocket(int fd);
 // epoll_pwait2 (Linux 5.11) waits with a timeout in nanoseconds. Older kernels answer ENOSYS, and
 // container seccomp profiles older than the call EPERM (it has no EPERM of its own): then the
 // epoll descriptor is waited on with ppoll, which takes nanoseconds too, and read without
-// waiting. Taking the failure for "no events" made the progress thread spin and leave frames
-// unread (ib_write_lat hung; test OldKernel.*).
+// waiting. Taking the failure for "no events" made the progress thread spin and leave records
+// unserved (ib_write_lat: t_avg 1 ms, t_max 0.5 s; test OldKernel.*).
 int WaitForEvents(int epfd, epoll_event* events, int max, const timespec* timeout) {
   static std::atomic<bool> without_pwait2{false};
   if (!without_pwait2.load(std::memory_order_relaxed)) {

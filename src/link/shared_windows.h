@@ -215,8 +215,6 @@ class PeerWindows {
     }
     return EnterByLookup(key, endpoint, addr, len, rights, w, memo);
   }
-  uint8_t* EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
-                         uint32_t rights, WindowEntry** w, Memo* memo);
   // The same checks, counting nothing: for a SEND's pieces, placed while the sender is counted in
   // a receive queue of this peer (EnterRecvQueue), which a withdrawal waits for.
   uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights);
@@ -242,6 +240,9 @@ class PeerWindows {
   // `memo`, when given, receives what was checked.
   uint8_t* Check(WindowEntry& e, uint32_t key, uint32_t domain, uint64_t addr, uint64_t len,
                  uint32_t rights, Memo* memo = nullptr);
+  // Enter through the table (Find, then Check), filling `memo` when given.
+  uint8_t* EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                         uint32_t rights, WindowEntry** w, Memo* memo);
   // Enter by `memo`: nullptr when it does not hold (then nothing is counted).
   uint8_t* EnterByMemo(const Memo& m, uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
                        uint32_t rights) {
