@@ -184,6 +184,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // A work request posted to an empty send queue and done so at once, without entering the queue;
   // false: it enters the queue as ever.
   bool TryPostDirectLocked(const ibv_send_wr& wr);
+  // The same for a lone atomic whose local piece the MR cache answers: no WQE is made of it.
+  bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
 
   // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
   // local pieces (none for inline data).

@@ -282,6 +282,25 @@ TEST_F(DirectPostReRegistered, ARegionMovedElsewhereIsNoLongerReachedAtItsOldPla
   EXPECT_EQ(WriteAfterReRegistration('u', 64), IBV_WC_REM_ACCESS_ERR);
 }
 
+// A lone atomic is done without a WQE (Qp::TryPostDirectAtomicLocked), its local piece answered
+// by the QP's MR cache. The cache also holds regions a WRITE used, which need no local right: an
+// atomic into one without IBV_ACCESS_LOCAL_WRITE must still fail.
+TEST_F(DirectPost, AnAtomicIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
+  Buffer* readonly = Buf(4096, 0);
+  ASSERT_NE(readonly, nullptr);
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *readonly, 0, 8, target.addr, target.rkey, 81), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_EQ(PostAtomic(q->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *readonly, 8, target.addr, target.rkey,
+                       1, 0, 82),
+            0);
+  wc = ibv_wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.wr_id, 82u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
+}
+
 TEST_F(DirectPost, ABadLocalKeyStillFailsAsTheQueueWouldReportIt) {
   SendArgs s;
   s.opcode = IBV_WR_RDMA_WRITE;
