@@ -123,15 +123,26 @@ void Qp::FailHeadLocked(size_t idx, ibv_wc_status st) {
   RetireLocked();
 }
 
+bool Qp::AnsweredWqeLocked(uint32_t psn, uint64_t* idx) {
+  if (!Reliable() || head_ == next_) return false;
+  if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD && state_ != IBV_QPS_SQE) return false;
+  int32_t d = wire::PsnDiff(psn, SqAt(head_).psn);
+  if (d < 0) return false;  // a duplicate of something already retired
+  *idx = head_ + static_cast<uint64_t>(d);
+  return *idx < next_;  // else it answers nothing we sent
+}
+
+void Qp::RxRiderAckLocked(uint32_t psn) {
+  uint64_t idx;
+  if (!AnsweredWqeLocked(psn, &idx)) return;
+  AckUpToLocked(idx + 1);
+  RunRequesterLocked();
+}
+
 void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget& t) {
   RxWork& work = WorkOf(t);
-  if (!Reliable() || head_ == next_) return;
-  if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD && state_ != IBV_QPS_SQE) return;
-  uint32_t psn = p.bth->psn();
-  int32_t d = wire::PsnDiff(psn, SqAt(head_).psn);
-  if (d < 0) return;  // a duplicate of something already retired
-  uint64_t idx = head_ + static_cast<uint64_t>(d);
-  if (idx >= next_) return;  // answers nothing we sent
+  uint64_t idx;
+  if (!AnsweredWqeLocked(p.bth->psn(), &idx)) return;
   SendWqe& w = SqAt(idx);
   const OpInfo& info = *p.info;
   uint8_t syndrome = info.has(kHasAeth) ? p.ext<wire::Aeth>(info.aeth)->syndrome : wire::aeth::kAck;

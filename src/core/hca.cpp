@@ -265,9 +265,16 @@ bool ParseFrame(const uint8_t* hdr, size_t hdr_len, uint32_t payload_len, Packet
 }
 
 void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
-                        link::RxTarget& t) {
+                        link::RxTarget& t, uint32_t rider_ack) {
   Packet p{};
   if (!ParseFrame(hdr, hdr_len, payload_len, &p)) {
+    ++malformed_;
+    return ch.Abort();
+  }
+  // An ACK rides only on an RC request (its QP answers requests of the QP the request is for).
+  p.rider_ack = rider_ack;
+  if (rider_ack != link::kNoRiderAck &&
+      (OpTransport(p.bth->opcode) != op::kRc || (p.info->mask & (kIsResponse | kIsRelay)))) {
     ++malformed_;
     return ch.Abort();
   }

@@ -154,7 +154,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
 
   // FrameSink.
   void OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
-                     link::RxTarget& t) override;
+                     link::RxTarget& t, uint32_t rider_ack) override;
   void OnFrameEnd(link::Channel& ch, link::RxTarget& t) override;
   void OnFrameAbort(link::Channel& ch, link::RxTarget& t) override;
   void OnChannelClosed(link::Channel& ch) override;

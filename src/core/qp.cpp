@@ -576,6 +576,7 @@ void Qp::RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   RxWork& w = WorkOf(t);
   w.Clear();
   if (shut_down_) return;
+  if (p.rider_ack != link::kNoRiderAck) RxRiderAckLocked(p.rider_ack);
   ++rx_active_;
   ++rx_frames_;
   last_rx_coarse_ns_ = link::CoarseNowNs();

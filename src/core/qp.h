@@ -51,6 +51,8 @@ struct Packet {
   const wire::Bth* bth;
   const OpInfo* info;
   uint32_t payload_len;
+  uint32_t rider_ack =
+      link::kNoRiderAck;  // or the PSN an ACK riding on this RC request acknowledges
   template <typename T>
   const T* ext(uint8_t offset) const {
     return reinterpret_cast<const T*>(reinterpret_cast<const uint8_t*>(bth) + offset);
@@ -221,6 +223,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
 
   // completer.cpp
   void RxResponseHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
+  // The send WQE a response with `psn` answers; false when it answers nothing in flight.
+  bool AnsweredWqeLocked(uint32_t psn, uint64_t* idx);
+  // An ACK that rode on a request (link::kLinkFlagAck), handled as an ACK frame before it.
+  void RxRiderAckLocked(uint32_t psn);
   void RxResponseEnd(RxWork& w);
   void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
   // The send completion of a finished WQE, when it is signaled or failed.

@@ -163,15 +163,21 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   f.payload_outlives_send = Reliable();
   f.datagram = type_ == IBV_QPT_UD;
   if (Reliable() && ack_pending_ && ack_channel_ == av->channel) {
-    // An ACK owed to the peer leaves with this request, in one write.
-    link::OutFrame ack;
-    uint8_t op = op::kRc | op::kAcknowledge;
-    uint8_t* abth = BuildHeaderLocked(ack, op, false, attr_.dest_qp_num, ack_psn_, nullptr);
-    reinterpret_cast<wire::Aeth*>(abth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
+    // An ACK owed to the peer leaves with this request, in one write: riding on it where the peer
+    // reads that, else as a frame of its own before it.
     ack_pending_ = false;
     ack_deadline_ = INT64_MAX;
     ack_defer_ = true;
-    av->channel->SendPair(std::move(ack), std::move(f));
+    if (type_ == IBV_QPT_RC && av->channel->carries_acks()) {
+      f.rider_ack = ack_psn_;
+      av->channel->Send(std::move(f));
+    } else {
+      link::OutFrame ack;
+      uint8_t op = op::kRc | op::kAcknowledge;
+      uint8_t* abth = BuildHeaderLocked(ack, op, false, attr_.dest_qp_num, ack_psn_, nullptr);
+      reinterpret_cast<wire::Aeth*>(abth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
+      av->channel->SendPair(std::move(ack), std::move(f));
+    }
     ReleaseHeldCompletionsLocked();
     return IBV_WC_SUCCESS;
   }

@@ -139,7 +139,7 @@ class TcpChannel final : public ServedChannel {
       written = WriteNowLocked(frames, n);
     for (int i = 0; i < n; ++i) {
       OutFrame& f = *frames[i];
-      const size_t total = sizeof(LinkHeader) + f.hdr_len + f.payload_len;
+      const size_t total = FrameHeadBytes(f) + f.hdr_len + f.payload_len;
       if (written >= total) {
         if (f.datagram) dgram_sent_ += total;  // QueueLocked counts those it queues
         written -= total;
@@ -154,13 +154,12 @@ class TcpChannel final : public ServedChannel {
 
   // Bytes of `frames` the socket took at once (0 when none, or it failed).
   size_t WriteNowLocked(OutFrame* const* frames, int n) {
-    uint8_t links[2][sizeof(LinkHeader)];
+    uint8_t links[2][kMaxFrameHeadBytes];
     iovec iov[2 * (kMaxSegs + 2)];
     int k = 0;
     for (int i = 0; i < n && i < 2; ++i) {
       const OutFrame& f = *frames[i];
-      EncodeLinkHeader(links[i], f.hdr_len, f.payload_len, f.datagram ? kLinkFlagDatagram : 0);
-      iov[k++] = iovec{links[i], sizeof(LinkHeader)};
+      iov[k++] = iovec{links[i], EncodeFrameHead(links[i], f)};
       iov[k++] = iovec{const_cast<uint8_t*>(f.hdr), f.hdr_len};
       for (int s = 0; s < f.nseg; ++s) iov[k++] = f.seg[s];
     }
@@ -198,9 +197,9 @@ class TcpChannel final : public ServedChannel {
   void QueueLocked(OutFrame&& f) {
     if (closed_.load(std::memory_order_relaxed) || broken_) return;
     TxItem item;
-    EncodeLinkHeader(item.head, f.hdr_len, f.payload_len, f.datagram ? kLinkFlagDatagram : 0);
-    std::memcpy(item.head + sizeof(LinkHeader), f.hdr, f.hdr_len);
-    item.head_len = static_cast<uint32_t>(sizeof(LinkHeader) + f.hdr_len);
+    const size_t head = EncodeFrameHead(item.head, f);
+    std::memcpy(item.head + head, f.hdr, f.hdr_len);
+    item.head_len = static_cast<uint32_t>(head + f.hdr_len);
     item.frame = std::move(f);
     if (item.frame.datagram) dgram_sent_ += item.total();
     txq_.push_back(std::move(item));
@@ -225,6 +224,11 @@ class TcpChannel final : public ServedChannel {
   bool is_loopback() const override { return false; }
 
   bool settled() const override { return !lazy_.load(std::memory_order_acquire) && !twin_; }
+
+  // A path not settled sends ACK frames: the connection its frames take is decided only then.
+  bool carries_acks() const override {
+    return settled() && peer_reads_riders_.load(std::memory_order_acquire);
+  }
 
   // Where this path's frames go: the peer's connection once settled on it (no lock then), else
   // this one, opened first if it is not yet.
@@ -391,7 +395,7 @@ class TcpChannel final : public ServedChannel {
   }
 
   struct TxItem {
-    uint8_t head[sizeof(Hello) + sizeof(LinkHeader) + kMaxHeaderBytes];
+    uint8_t head[sizeof(Hello) + kMaxFrameHeadBytes + kMaxHeaderBytes];
     uint32_t head_len = 0;
     OutFrame frame;
     size_t done = 0;  // bytes of head+payload already written
@@ -608,10 +612,12 @@ class TcpChannel final : public ServedChannel {
           if (!Fill()) break;
           continue;
         }
-        if (!DecodeHello(rx_.get() + rx_begin_, &peer_id_)) {
+        uint8_t features = 0;
+        if (!DecodeHello(rx_.get() + rx_begin_, &peer_id_, &features)) {
           dead_ = true;
           break;
         }
+        peer_reads_riders_.store((features & kHelloReadsRiderAcks) != 0, std::memory_order_release);
         rx_begin_ += sizeof(Hello);
         hello_done_ = true;
         if (accepted_) NoteAcceptedHello();
@@ -626,7 +632,8 @@ class TcpChannel final : public ServedChannel {
         dead_ = true;  // a malformed stream cannot be resynchronised: drop the connection
         break;
       }
-      if (Buffered() < sizeof(LinkHeader) + h.hdr_len) {
+      const size_t head = sizeof(LinkHeader) + h.rider_bytes;
+      if (Buffered() < head + h.hdr_len) {
         if (!Fill()) break;
         continue;
       }
@@ -639,14 +646,20 @@ class TcpChannel final : public ServedChannel {
       }
       frame_dgram_bytes_ =
           (h.flags & kLinkFlagDatagram) ? sizeof(LinkHeader) + h.hdr_len + h.payload_len : 0;
-      const uint8_t* hdr = rx_.get() + rx_begin_ + sizeof(LinkHeader);
+      uint32_t rider_ack = kNoRiderAck;
+      if (h.rider_bytes &&
+          !DecodeRiderAck(rx_.get() + rx_begin_ + sizeof(LinkHeader), &rider_ack)) {
+        dead_ = true;
+        break;
+      }
+      const uint8_t* hdr = rx_.get() + rx_begin_ + head;
       const size_t frame_at = rx_begin_;
-      rx_begin_ += sizeof(LinkHeader) + h.hdr_len;
+      rx_begin_ += head + h.hdr_len;
       target_.Reset();
       in_frame_ = true;
       remaining_ = h.payload_len;
       cursor_ = RxCursor{};
-      ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+      ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_, rider_ack);
       if (target_.wait) {
         // Held (Hold): the frame is offered again, from its link header, once resumed.
         rx_begin_ = frame_at;
@@ -690,6 +703,7 @@ class TcpChannel final : public ServedChannel {
   std::unique_ptr<uint8_t[]> rx_;
   size_t rx_begin_ = 0, rx_end_ = 0;
   bool hello_done_ = false;
+  std::atomic<bool> peer_reads_riders_{false};  // its hello has kHelloReadsRiderAcks
   bool dead_ = false;
   bool drained_ = false;  // the last recv() returned less than it could take
   bool in_frame_ = false;
@@ -892,7 +906,7 @@ int Endpoint::Impl::DrainLoopback() {
   }
   for (OutFrame& f : batch) {
     RxTarget t;
-    sink.OnFrameHeader(*loopback, f.hdr, f.hdr_len, f.payload_len, t);
+    sink.OnFrameHeader(*loopback, f.hdr, f.hdr_len, f.payload_len, t, kNoRiderAck);
     RxCursor cursor;
     for (int i = 0; i < f.nseg; ++i)
       cursor.Deliver(t, static_cast<const uint8_t*>(f.seg[i].iov_base), f.seg[i].iov_len);

@@ -13,13 +13,18 @@ bool DecodeLinkHeader(const uint8_t* p, DecodedHeader* out) {
   if (h->hdr_len == 0 || h->hdr_len > kMaxHeaderBytes) return false;
   if (frame_len < h->hdr_len) return false;
   if (frame_len - h->hdr_len > kMaxFramePayload) return false;
-  if (h->flags & ~(kLinkFlagDatagram | kLinkFlagCredit)) return false;
+  if (h->flags & ~(kLinkFlagDatagram | kLinkFlagCredit | kLinkFlagAck)) return false;
   if ((h->flags & kLinkFlagCredit) &&
       (h->flags != kLinkFlagCredit || h->hdr_len != kCreditBytes || frame_len != kCreditBytes))
     return false;
+  // Acknowledgements ride on RC requests only, never on datagrams.
+  const uint32_t rider = (h->flags & kLinkFlagAck) ? kRiderAckBytes : 0;
+  if (rider && (h->flags & kLinkFlagDatagram)) return false;
+  if (frame_len - h->hdr_len < rider) return false;
   out->hdr_len = h->hdr_len;
-  out->payload_len = frame_len - h->hdr_len;
+  out->payload_len = frame_len - h->hdr_len - rider;
   out->flags = h->flags;
+  out->rider_bytes = rider;
   return true;
 }
 
@@ -37,7 +42,7 @@ uint64_t DecodeCredit(const uint8_t* body) {
 
 void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len, uint8_t flags) {
   auto* h = reinterpret_cast<LinkHeader*>(p);
-  uint32_t frame_len = hdr_len + payload_len;
+  uint32_t frame_len = hdr_len + payload_len + ((flags & kLinkFlagAck) ? kRiderAckBytes : 0);
   h->frame_len[0] = static_cast<uint8_t>(frame_len >> 24);
   h->frame_len[1] = static_cast<uint8_t>(frame_len >> 16);
   h->frame_len[2] = static_cast<uint8_t>(frame_len >> 8);
@@ -48,10 +53,30 @@ void EncodeLinkHeader(uint8_t* p, uint32_t hdr_len, uint32_t payload_len, uint8_
   h->reserved = 0;
 }
 
-bool DecodeHello(const uint8_t* p, NodeId* out) {
+size_t EncodeFrameHead(uint8_t* p, const OutFrame& f) {
+  const bool rider = f.rider_ack != kNoRiderAck;
+  uint8_t flags = (f.datagram ? kLinkFlagDatagram : 0) | (rider ? kLinkFlagAck : 0);
+  EncodeLinkHeader(p, f.hdr_len, f.payload_len, flags);
+  if (!rider) return sizeof(LinkHeader);
+  uint8_t* r = p + sizeof(LinkHeader);
+  r[0] = 0;
+  r[1] = static_cast<uint8_t>(f.rider_ack >> 16);
+  r[2] = static_cast<uint8_t>(f.rider_ack >> 8);
+  r[3] = static_cast<uint8_t>(f.rider_ack);
+  return sizeof(LinkHeader) + kRiderAckBytes;
+}
+
+bool DecodeRiderAck(const uint8_t* rider, uint32_t* psn) {
+  if (rider[0] != 0) return false;
+  *psn = uint32_t{rider[1]} << 16 | uint32_t{rider[2]} << 8 | rider[3];
+  return true;
+}
+
+bool DecodeHello(const uint8_t* p, NodeId* out, uint8_t* features) {
   const auto* h = reinterpret_cast<const Hello*>(p);
   if (std::memcmp(h->magic, "SRDM", 4) != 0 || h->version != kWireVersion) return false;
   std::memcpy(out->bytes, h->node_id, kNodeIdBytes);
+  if (features) *features = h->features;
   return true;
 }
 
@@ -59,6 +84,7 @@ void EncodeHello(uint8_t* p, const NodeId& id) {
   auto* h = reinterpret_cast<Hello*>(p);
   std::memcpy(h->magic, "SRDM", 4);
   h->version = kWireVersion;
+  h->features = kHelloReadsRiderAcks;
   std::memset(h->reserved, 0, sizeof h->reserved);
   std::memcpy(h->node_id, id.bytes, kNodeIdBytes);
 }

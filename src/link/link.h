@@ -17,6 +17,8 @@ class PeerWindows;
 constexpr int kMaxSegs = 32;             // payload pieces of one frame (one per SGE)
 constexpr size_t kMaxHeaderBytes = 128;  // LRH+GRH+BTH+largest extension set is < 100
 constexpr size_t kNodeIdBytes = 16;
+// OutFrame::rider_ack and FrameSink::OnFrameHeader's `rider_ack` when no acknowledgement rides.
+constexpr uint32_t kNoRiderAck = UINT32_MAX;
 
 // The identity a node announces when a connection opens (the core puts its GID there).
 struct NodeId {
@@ -49,6 +51,9 @@ struct OutFrame {
   bool payload_outlives_send = false;
   // A UD datagram: counts against the channel's datagram backlog (Channel::AwaitRoom).
   bool datagram = false;
+  // An RC request carrying the ACK its QP owes the peer (Channel::carries_acks): the PSN
+  // acknowledged, or kNoRiderAck.
+  uint32_t rider_ack = kNoRiderAck;
   std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
 
   void AddPayload(const void* p, size_t n) {
@@ -101,6 +106,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // A frame reaches a polling peer without a system call or a wake-up (shared memory): an ACK
   // may leave at once instead of waiting, under a timer, for an answer to ride with.
   virtual bool frames_are_cheap() const { return false; }
+  // The peer reads an ACK riding on a request (OutFrame::rider_ack) instead of an ACK frame of its
+  // own: one frame less to build and to handle per answered message (TCP ib_write_lat).
+  virtual bool carries_acks() const { return false; }
   // The peer broke the protocol: drop the connection (progress thread only).
   virtual void Abort() = 0;
   // Frame flow control, for channels that can leave a frame where it is (a shared-memory ring).
@@ -151,8 +159,9 @@ class FrameSink {
  public:
   virtual ~FrameSink() = default;
   // A frame's header arrived; `payload_len` bytes follow. Fill `t` with their destination.
+  // `rider_ack`: the PSN an acknowledgement riding on the frame acknowledges, or kNoRiderAck.
   virtual void OnFrameHeader(Channel& ch, const uint8_t* hdr, size_t hdr_len, uint32_t payload_len,
-                             RxTarget& t) = 0;
+                             RxTarget& t, uint32_t rider_ack) = 0;
   virtual void OnFrameEnd(Channel& ch, RxTarget& t) = 0;
   // The channel died between OnFrameHeader and OnFrameEnd.
   virtual void OnFrameAbort(Channel& ch, RxTarget& t) = 0;

@@ -648,7 +648,7 @@ bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consum
     cursor_ = RxCursor{};
     in_frame_ = true;
     remaining_ = h.payload_len;
-    ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+    ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_, kNoRiderAck);
     if (target_.wait) return KeepFrame(consumed);
     cursor_.Deliver(target_, p + fixed, h.data_len);
     remaining_ -= h.data_len;
@@ -695,7 +695,7 @@ bool ShmChannel::DeliverRefs(const uint8_t* p, const ShmRecordHeader& h, uint32_
   cursor_ = RxCursor{};
   in_frame_ = true;
   remaining_ = 0;
-  ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_);
+  ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_, kNoRiderAck);
   if (target_.wait) return KeepFrame(consumed);
   const uint8_t* data = p + fixed + h.nref * sizeof(ShmPayloadRef);
   for (int i = 0; i < h.nref; ++i) {

@@ -118,7 +118,8 @@ void UdpLink::OnReadable() {
     const uint8_t* p = static_cast<const uint8_t*>(iov[i].iov_base);
     size_t len = msgs[i].msg_len;
     DecodedHeader h;
-    if (len < sizeof(LinkHeader) || !DecodeLinkHeader(p, &h) || (h.flags & kLinkFlagCredit) ||
+    if (len < sizeof(LinkHeader) || !DecodeLinkHeader(p, &h) ||
+        (h.flags & (kLinkFlagCredit | kLinkFlagAck)) ||
         sizeof(LinkHeader) + h.hdr_len + h.payload_len != len) {
       ++dropped_;
       continue;
@@ -126,7 +127,7 @@ void UdpLink::OnReadable() {
     const uint8_t* hdr = p + sizeof(LinkHeader);
     const uint8_t* payload = hdr + h.hdr_len;
     RxTarget t;
-    sink_.OnFrameHeader(*inbound_, hdr, h.hdr_len, h.payload_len, t);
+    sink_.OnFrameHeader(*inbound_, hdr, h.hdr_len, h.payload_len, t, kNoRiderAck);
     size_t left = h.payload_len;
     for (int s = 0; s < t.nseg && left > 0; ++s) {
       size_t c = t.seg[s].iov_len < left ? t.seg[s].iov_len : left;

@@ -137,6 +137,20 @@ Bytes LinkFrame(const Bytes& ib, const Bytes& payload, uint8_t version = kVersio
   return b;
 }
 
+// A request with an ACK riding on it (link flag 0x04): the rider's 4 bytes follow the link header.
+Bytes RiderFrame(const Bytes& ib, const Bytes& payload, const Bytes& rider) {
+  Bytes b;
+  Put32(b, static_cast<uint32_t>(rider.size() + ib.size() + payload.size()));
+  b.push_back(kVersion);
+  b.push_back(static_cast<uint8_t>(ib.size()));
+  b.push_back(0x04);
+  b.push_back(0);
+  b.insert(b.end(), rider.begin(), rider.end());
+  b.insert(b.end(), ib.begin(), ib.end());
+  b.insert(b.end(), payload.begin(), payload.end());
+  return b;
+}
+
 Bytes RawLinkHeader(uint32_t frame_len, uint8_t version, uint8_t hdr_len, uint8_t flags = 0) {
   Bytes b;
   Put32(b, frame_len);
@@ -724,7 +738,20 @@ TEST_F(HostilePeer, MalformedStreamsDropTheConnectionAndTheNextIsServed) {
   }
   cases.push_back({"link version 0", RawLinkHeader(40, 0, 20)});
   cases.push_back({"link version 1", LinkFrame(write_hdr(0), {}, 1)});
-  cases.push_back({"unknown link flag", RawLinkHeader(40, kVersion, 20, 0x04)});
+  cases.push_back({"unknown link flag", RawLinkHeader(40, kVersion, 20, 0x08)});
+  cases.push_back({"rider ACK on a datagram", RawLinkHeader(44, kVersion, 20, 0x05)});
+  cases.push_back({"rider ACK longer than the frame", RawLinkHeader(22, kVersion, 20, 0x04)});
+  cases.push_back({"rider ACK with its top byte set",
+                   RiderFrame(write_hdr(4), Pattern(4, 5), Bytes{1, 0, 0, 0})});
+  cases.push_back({"rider ACK on an ACK", RiderFrame(
+                                              [&] {
+                                                Bytes h = IbHeader(kAcknowledge, qpn, 0);
+                                                Put32(h, 0);
+                                                return h;
+                                              }(),
+                                              {}, Bytes{0, 0, 0, 0})});
+  cases.push_back({"rider ACK on a UC request", RiderFrame(IbHeader(0x20 | kSendOnly, qpn, 0),
+                                                           Pattern(4, 6), Bytes{0, 0, 0, 0})});
   cases.push_back({"credit with 4 bytes", RawLinkHeader(4, kVersion, 4, 0x02)});
   cases.push_back({"credit with a payload", RawLinkHeader(12, kVersion, 8, 0x02)});
   cases.push_back({"credit that is also a datagram", RawLinkHeader(8, kVersion, 8, 0x03)});
@@ -822,6 +849,29 @@ TEST_F(HostilePeer, MalformedStreamsDropTheConnectionAndTheNextIsServed) {
   EXPECT_EQ(r->opcode, kAcknowledge);
   EXPECT_EQ(r->syndrome & 0xe0, 0);
   EXPECT_EQ(std::memcmp(region_ + 1000, data.data(), data.size()), 0);
+  EXPECT_TRUE(GuardsIntact());
+}
+
+// The node says in its hello that it reads ACKs riding on requests; a rider that acknowledges
+// nothing the node sent is ignored, as such an ACK frame is, and the request under it is served.
+TEST_F(HostilePeer, ARiderAckOfNothingLeavesItsWriteServed) {
+  peer_.Close();
+  Peer p;
+  ASSERT_TRUE(p.Connect(port_));
+  uint8_t their_hello[24];
+  ASSERT_TRUE(p.Read(their_hello, sizeof their_hello));
+  EXPECT_EQ(their_hello[5] & 0x01, 0x01) << "the hello does not offer rider ACKs";
+  ASSERT_TRUE(p.Send(Hello()));
+  Bytes data = Pattern(24, 9);
+  Bytes h = IbHeader(kWriteOnly, qp_->qp_num, 0);
+  AddReth(h, Va(size_t{200}), mr_->rkey, static_cast<uint32_t>(data.size()));
+  ASSERT_TRUE(p.Send(RiderFrame(h, data, Bytes{0, 0x12, 0x34, 0x56})));
+  auto r = p.ReadReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->opcode, kAcknowledge);
+  EXPECT_EQ(r->syndrome & 0xe0, 0);
+  EXPECT_EQ(std::memcmp(region_ + 200, data.data(), data.size()), 0);
+  EXPECT_FALSE(p.WaitClosed(200));
   EXPECT_TRUE(GuardsIntact());
 }
 
