@@ -215,8 +215,10 @@ void Hca::HandOverTargets() {
     {
       TargetTable::Guard g(*t);
       TargetRecord* r = t->FindLocked(qp->qpn());
-      if (!r) continue;
-      served = r->server_pid == getpid();
+      // No record: the last holder elsewhere let go while we serve. What we relayed is still
+      // answered first: its receiver may have completed it, and its sender must hear so.
+      served = r ? r->server_pid == getpid() : qp->serving_.load(std::memory_order_relaxed);
+      if (!served && !r) continue;
     }
     // Stops the QP outside the table's lock (the QP's lock comes first).
     uint32_t epsn = served ? qp->StopServing() : 0;
