@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "support/cm_harness.h"
+#include "support/sanitized.h"
 
 namespace cmtest {
 namespace {
@@ -60,18 +61,6 @@ class CmCycles : public CmTest {
     return true;
   }
 };
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 TEST_F(CmCycles, ThousandConnectDisconnectCyclesLeaveFdsAndRssFlat) {
   rdma_event_channel* sch = Channel();
