@@ -246,7 +246,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn);
   void FlushAckLocked();
   void ReleaseHeldCompletionsLocked();
-  std::shared_ptr<link::Channel> ResponseChannelLocked(link::Channel& arrival);
+  const std::shared_ptr<link::Channel>& ResponseChannelLocked(link::Channel& arrival);
   void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
   void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);

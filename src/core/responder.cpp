@@ -58,7 +58,7 @@ void Qp::PushRecvCompletionLocked(uint32_t xrc_srqn, const ibv_wc& wc, bool soli
 // Responses follow the QP's own path when it reaches the node the request came from, so they
 // share a connection with the requests this QP sends (which lets an ACK ride with one). The
 // choice is made once: responses of one QP must not be split over two connections.
-std::shared_ptr<link::Channel> Qp::ResponseChannelLocked(link::Channel& arrival) {
+const std::shared_ptr<link::Channel>& Qp::ResponseChannelLocked(link::Channel& arrival) {
   if (ack_channel_) return ack_channel_;
   std::shared_ptr<link::Channel> own = av_.channel;
   bool same = own && !own->closed() &&
@@ -438,7 +438,7 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   ++msn_;
   ack_pending_ = true;
   ack_psn_ = w.psn;
-  std::shared_ptr<link::Channel> ack_ch = ResponseChannelLocked(ch);
+  const std::shared_ptr<link::Channel>& ack_ch = ResponseChannelLocked(ch);
   if (ack_defer_ && !ack_ch->frames_are_cheap()) {
     // The application is expected to answer: completions are visible now (the ACK will follow
     // within kAckDeferNs, or with the answer), and the timer bounds the wait.

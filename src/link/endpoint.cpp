@@ -923,9 +923,10 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
     ++handled;
   }
   std::vector<std::shared_ptr<ServedChannel>> again;
-  {
+  if (rx_pending_any.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> g(rx_pending_mu);
     again.swap(rx_pending);
+    rx_pending_any.store(false, std::memory_order_relaxed);
   }
   if (!again.empty()) {
     for (auto& ch : again) {
@@ -1175,10 +1176,7 @@ bool Endpoint::Impl::PollOnceLeased() {
   if (hot_socket && ++hot_socket_polls < kHotSocketPollsPerEpoll &&
       loop_frames_pending.load(std::memory_order_relaxed) == 0) {
     handled = hot_socket->ReadNow();
-    if (handled > 0) {
-      sink.OnBatchEnd();
-      RunTimers(NowNs());
-    }
+    if (handled > 0) sink.OnBatchEnd();
   } else {
     hot_socket_polls = 0;
     epoll_event events[64];
@@ -1188,10 +1186,14 @@ bool Endpoint::Impl::PollOnceLeased() {
     if (only != hot_socket.get())
       hot_socket =
           only ? std::static_pointer_cast<ServedChannel>(only->shared_from_this()) : nullptr;
-    if (n > 0 || loop_frames_pending.load(std::memory_order_relaxed) != 0) {
+    if (n > 0 || loop_frames_pending.load(std::memory_order_relaxed) != 0)
       handled = Dispatch(events, n < 0 ? 0 : n);
-      RunTimers(NowNs());
-    }
+  }
+  // Timers run after the work, in the next empty poll: TCP ib_write_lat's reply waited for them.
+  if (handled > 0 ? ++leased_rounds_without_timers >= kLeasedRoundsPerTimerPass
+                  : leased_rounds_without_timers > 0) {
+    leased_rounds_without_timers = 0;
+    RunTimers(NowNs());
   }
   progress_mu.unlock();
   return handled > 0;

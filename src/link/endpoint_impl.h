@@ -82,10 +82,12 @@ struct Endpoint::Impl {
   // Any thread may add one.
   std::mutex rx_pending_mu;
   std::vector<std::shared_ptr<ServedChannel>> rx_pending;
+  std::atomic<bool> rx_pending_any{false};  // set with rx_pending filled: Dispatch locks only then
   void RxPending(std::shared_ptr<ServedChannel> ch) {
     {
       std::lock_guard<std::mutex> g(rx_pending_mu);
       rx_pending.push_back(std::move(ch));
+      rx_pending_any.store(true, std::memory_order_release);
     }
     Wake();
   }
@@ -141,6 +143,11 @@ struct Endpoint::Impl {
   static constexpr int kHotSocketPollsPerEpoll = 8;
   std::shared_ptr<ServedChannel> hot_socket;
   int hot_socket_polls = 0;
+  // A leased poll that handled frames leaves the timers to the next empty poll (at most
+  // kLeasedRoundsPerTimerPass rounds in a row): the application waits for what the frames
+  // completed, and an empty poll has nothing better to do (progress_mu).
+  static constexpr int kLeasedRoundsPerTimerPass = 8;
+  int leased_rounds_without_timers = 0;
 
   // The socket lease: a poller (of a process without shared-memory channels) keeps `epfd` disarmed
   // beyond its poll, as a claim that the progress thread ends when no poll came for
