@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/semantics_harness.h"
+#include "support/xrc_srq_owner.h"
 
 namespace {
 
@@ -411,19 +412,24 @@ class XrcHandOver : public XrcSharing {
     ASSERT_EQ(BringUp(sender, so, target), 0);
   }
 
-  int Post(int i) {
-    char* text = reinterpret_cast<char*>(buf->data()) + (i % kWindow) * 64;
-    std::snprintf(text, 64, "message %d", i);
-    ibv_sge sge = buf->Sge((i % kWindow) * 64, static_cast<uint32_t>(std::strlen(text) + 1));
+  // A signaled SEND of `sge` to XRC SRQ `srqn`.
+  int PostTo(uint32_t srqn, uint64_t id, ibv_sge sge) {
     ibv_send_wr wr{};
     ibv_send_wr* bad = nullptr;
-    wr.wr_id = static_cast<uint64_t>(i);
+    wr.wr_id = id;
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.xrc_remote_srq_num = ibv_xrc_srq_num(srq);
+    wr.xrc_remote_srq_num = srqn;
     return ibv_post_send(sender, &wr, &bad);
+  }
+
+  int Post(int i) {
+    char* text = reinterpret_cast<char*>(buf->data()) + (i % kWindow) * 64;
+    std::snprintf(text, 64, "message %d", i);
+    ibv_sge sge = buf->Sge((i % kWindow) * 64, static_cast<uint32_t>(std::strlen(text) + 1));
+    return PostTo(ibv_xrc_srq_num(srq), static_cast<uint64_t>(i), sge);
   }
 
   // Sends messages [from, to) with kWindow outstanding; calls `at(i)` once message i completed.
@@ -534,49 +540,6 @@ TEST_F(XrcHandOver, ItsSlotStaysReachableWhenAProcessStartsAfterTheCreatorLeft) 
   EXPECT_NE(stat((slot_file + ".held").c_str(), &st), 0);
 }
 
-// An XRC SRQ of the domain of `file` in a process that holds no registration: reports its
-// number, then on 'P' reports the status of its next receive completion (-1: none in 5 s).
-int SrqHolder(ChildPipe p, const std::string& file) {
-  Verbs v;
-  if (!v.Open()) return 10;
-  int fd = open(file.c_str(), O_RDONLY);
-  ibv_xrcd_init_attr xa{};
-  xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-  xa.fd = fd;
-  xa.oflags = O_CREAT;
-  ibv_xrcd* xrcd = fd >= 0 ? ibv_open_xrcd(v.ctx, &xa) : nullptr;
-  ibv_cq* cq = v.NewCq(16);
-  Buffer* b = v.NewBuffer(4096);
-  if (!xrcd || !cq || !b) return 11;
-  ibv_srq_init_attr_ex sa{};
-  sa.attr.max_wr = 8;
-  sa.attr.max_sge = 1;
-  sa.comp_mask =
-      IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-  sa.srq_type = IBV_SRQT_XRC;
-  sa.pd = v.pd;
-  sa.xrcd = xrcd;
-  sa.cq = cq;
-  ibv_srq* srq = ibv_create_srq_ex(v.ctx, &sa);
-  if (!srq) return 12;
-  for (int i = 0; i < 8; ++i)
-    if (PostSrqRecv(srq, *b, size_t(i) * 64, 64, uint64_t(i))) return 13;
-  uint32_t srqn = 0;
-  if (ibv_get_srq_num(srq, &srqn) || !p.Send(srqn)) return 14;
-  for (;;) {
-    char cmd = 0;
-    if (!p.Recv(&cmd)) return 15;
-    if (cmd == 'E') break;
-    ibv_wc wc{};
-    int st = PollOne(cq, &wc, milliseconds(5000)) ? static_cast<int>(wc.status) : -1;
-    if (!p.Send(st)) return 16;
-  }
-  ibv_destroy_srq(srq);
-  ibv_close_xrcd(xrcd);
-  close(fd);
-  return 0;
-}
-
 // The creator serves the target while every registration goes (ours last: the number is gone
 // for new users) and relays a message to an SRQ of a third process, which is stopped before it
 // takes it. The creator exits meanwhile; the third process then completes the message. Its sender
@@ -587,50 +550,44 @@ TEST_F(XrcHandOver, AServerExitingAfterTheLastRegistrationWentStillAnswersWhatIt
   // A sender that does not resend while the holder is stopped (a resend after the last
   // registration went is dropped by the target, as any frame for a QP that is gone).
   ASSERT_NO_FATAL_FAILURE(StartCreator(/*timeout=*/20));  // ~4 s
-  ForkedPeer holder;
+  ForkedPeer holder;  // an SRQ of the domain, in a process that holds no registration
   std::string f = file;
-  ASSERT_TRUE(holder.Start([f](int up, int down) { return SrqHolder(ChildPipe{up, down}, f); }));
+  ASSERT_TRUE(holder.Start([f](int up, int down) { return SrqOwner(ChildPipe{up, down}, f); }));
   uint32_t srqn = 0;
   ASSERT_TRUE(holder.Recv(&srqn));
+  ASSERT_TRUE(holder.Send('P') && holder.Send('P'));
   ASSERT_TRUE(creator.Send('U'));
   ASSERT_NO_FATAL_FAILURE(Stream(0, 4));  // the creator serves (and has heard the 'U')
   ASSERT_NO_FATAL_FAILURE(ExpectReceived(0, 4));
-  auto send_to_holder = [&](uint64_t id) {
-    ibv_sge sge = buf->Sge(0, 8);
-    ibv_send_wr wr{};
-    ibv_send_wr* bad = nullptr;
-    wr.wr_id = id;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.xrc_remote_srq_num = srqn;
-    return ibv_post_send(sender, &wr, &bad);
+  auto holder_completion = [&](ChildWc* c) {
+    char tag = 0;
+    return holder.Send('W') && holder.Recv(&tag, milliseconds(10000)) && tag == 'C' &&
+           holder.Recv(c);
   };
   // One message opens the way to the holder; the next reaches it while it is stopped.
   ibv_wc wc{};
-  ASSERT_EQ(send_to_holder(100), 0);
+  ChildWc c{};
+  ASSERT_EQ(PostTo(srqn, 100, buf->Sge(0, 8)), 0);
   ASSERT_TRUE(PollOne(scq, &wc, milliseconds(5000)));
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
-  int st = -2;
-  ASSERT_TRUE(holder.Send('P') && holder.Recv(&st));
-  ASSERT_EQ(st, IBV_WC_SUCCESS);
+  ASSERT_TRUE(holder_completion(&c));
+  ASSERT_EQ(c.status, IBV_WC_SUCCESS);
   ASSERT_EQ(kill(holder.pid(), SIGSTOP), 0);
-  ASSERT_EQ(send_to_holder(101), 0);
+  ASSERT_EQ(PostTo(srqn, 101, buf->Sge(0, 8)), 0);
   std::this_thread::sleep_for(milliseconds(100));  // relayed into the stopped holder
   ASSERT_EQ(ibv_unreg_xrc_rcv_qp(dom, rcv), 0);    // the last registration
   rcv = 0;
   ASSERT_TRUE(creator.Send('X'));
   std::this_thread::sleep_for(milliseconds(300));  // the creator is in its exit by now
   ASSERT_EQ(kill(holder.pid(), SIGCONT), 0);
-  ASSERT_TRUE(holder.Send('P') && holder.Recv(&st, milliseconds(10000)));
-  EXPECT_EQ(st, IBV_WC_SUCCESS) << "the holder did not complete the message";
+  ASSERT_TRUE(holder_completion(&c)) << "the holder did not complete the message";
+  EXPECT_EQ(c.status, IBV_WC_SUCCESS);
   ASSERT_TRUE(PollOne(scq, &wc, milliseconds(10000))) << "no completion: the sender hangs";
   EXPECT_EQ(wc.wr_id, 101u);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "a message its receiver completed: " << WcStr(wc);
   int cst = creator.Wait(milliseconds(10000));
   EXPECT_TRUE(WIFEXITED(cst) && WEXITSTATUS(cst) == 0) << "creator status " << cst;
-  EXPECT_TRUE(holder.Send('E'));
+  EXPECT_TRUE(holder.Send('X'));
   EXPECT_EQ(holder.Wait(), 0);
 }
 
