@@ -296,7 +296,9 @@ void Hca::OnFrameHeader(link::Channel& ch, const uint8_t* hdr, size_t hdr_len, u
     return;
   }
   if (qp->target_table() && qp->TargetChanged() && !qp->SyncTarget()) {
-    if (qp->handles.load() == 0) RemoveQp(qp->qpn());  // no handle on it anywhere any more
+    // No handle on it anywhere any more (kept while it serves: a relayed message's answer finds it)
+    if (qp->handles.load() == 0 && !qp->serving_.load(std::memory_order_relaxed))
+      RemoveQp(qp->qpn());
     return;
   }
   Qp* receiver = qp.get();

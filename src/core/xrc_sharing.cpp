@@ -49,7 +49,9 @@ bool Qp::SyncTarget() {
   TargetTable::Guard tg(table);
   TargetRecord* r = table.FindLocked(qpn_);
   if (!r) {
-    serving_ = false;
+    // Its last holder let go: no more requests here. A message we relayed is still answered (and
+    // acknowledged) first; until then we go on serving, so that the exit waits for it.
+    if (!relay_.active) serving_ = false;
     return false;
   }
   target_record_ = r;
