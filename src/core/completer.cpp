@@ -134,7 +134,10 @@ bool Qp::AnsweredWqeLocked(uint32_t psn, uint64_t* idx) {
 
 void Qp::RxRiderAckLocked(uint32_t psn) {
   uint64_t idx;
-  if (!AnsweredWqeLocked(psn, &idx)) return;
+  if (AnsweredWqeLocked(psn, &idx)) AckedThroughLocked(idx);
+}
+
+void Qp::AckedThroughLocked(uint64_t idx) {
   AckUpToLocked(idx + 1);
   RunRequesterLocked();
 }
@@ -187,11 +190,7 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
     return;
   }
 
-  if (wire::aeth::IsAck(syndrome)) {
-    AckUpToLocked(idx + 1);
-    RunRequesterLocked();
-    return;
-  }
+  if (wire::aeth::IsAck(syndrome)) return AckedThroughLocked(idx);
   AckUpToLocked(idx);
   if (head_ != idx) return;
   auto rewind_to = [this](uint64_t i) {

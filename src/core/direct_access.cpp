@@ -16,15 +16,19 @@
 namespace softrdma::core {
 namespace {
 
-// CAS or FETCH_ADD on an 8-byte aligned word; returns the original value.
-uint64_t ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap) {
+// CAS or FETCH_ADD on the word at `where`, its original value stored at `result`. False, and
+// nothing done, when the word is not 8-byte aligned in this process's mapping: not a CPU atomic
+// here, so the responder decides.
+bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap, uint8_t* result) {
+  if (reinterpret_cast<uintptr_t>(where) & 7) return false;
   auto* target = reinterpret_cast<uint64_t*>(where);
-  if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    uint64_t orig = compare_add;
+  uint64_t orig = compare_add;
+  if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP)
     __atomic_compare_exchange_n(target, &orig, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    return orig;
-  }
-  return __atomic_fetch_add(target, compare_add, __ATOMIC_SEQ_CST);
+  else
+    orig = __atomic_fetch_add(target, compare_add, __ATOMIC_SEQ_CST);
+  std::memcpy(result, &orig, 8);
+  return true;
 }
 
 }  // namespace
@@ -96,14 +100,8 @@ bool Qp::TryDirectLocked(SendWqe& w) {
         for (uint32_t i = 0; i < n; remote += lens[i], ++i)
           link::PlaceBytes(local[i], remote, lens[i]);
         break;
-      default: {
-        if (reinterpret_cast<uintptr_t>(remote) & 7) {
-          done = false;  // not a CPU atomic here: the responder decides
-          break;
-        }
-        uint64_t orig = ApplyAtomic(remote, w.opcode, w.compare_add, w.swap);
-        std::memcpy(local[0], &orig, 8);
-      }
+      default:
+        done = ApplyAtomic(remote, w.opcode, w.compare_add, w.swap, local[0]);
     }
   };
   return peer->With(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, op, &window_memo_) ==
@@ -183,12 +181,7 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
   if (!local) return false;
   bool aligned = true;
   auto op = [&](uint8_t* remote) {
-    if (reinterpret_cast<uintptr_t>(remote) & 7) {
-      aligned = false;  // not a CPU atomic here: the responder decides
-      return;
-    }
-    uint64_t orig = ApplyAtomic(remote, wr.opcode, wr.wr.atomic.compare_add, wr.wr.atomic.swap);
-    std::memcpy(local, &orig, 8);
+    aligned = ApplyAtomic(remote, wr.opcode, wr.wr.atomic.compare_add, wr.wr.atomic.swap, local);
   };
   if (peer->With(wr.wr.atomic.rkey, attr_.dest_qp_num, remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, op,
                  &window_memo_) != link::PeerWindows::Access::kDone ||

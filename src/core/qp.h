@@ -227,6 +227,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool AnsweredWqeLocked(uint32_t psn, uint64_t* idx);
   // An ACK that rode on a request (link::kLinkFlagAck), handled as an ACK frame before it.
   void RxRiderAckLocked(uint32_t psn);
+  // A positive ACK of the send WQE at `idx` (and all before it), from a frame or a rider.
+  void AckedThroughLocked(uint64_t idx);
   void RxResponseEnd(RxWork& w);
   void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
   // The send completion of a finished WQE, when it is signaled or failed.
