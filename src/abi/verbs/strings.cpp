@@ -386,15 +386,21 @@ SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context* /*context*/,
 // ibv_register_driver@IBVERBS_1.1 (non-default, no @@ version).  Pre-rdma-core
 // providers (old libfabric usnic) called it to register themselves; since
 // rdma-core 13 it is an empty stub kept for dynamic-link compatibility.  It is
-// defined under an internal name and bound to the versioned name with .symver
+// defined under an internal name and bound to the versioned name with symver
 // so nothing can link against it anew.  Default visibility is required: the
-// versioned alias inherits it.
+// versioned alias inherits it.  GCC's attribute, not a top-level .symver asm:
+// link-time optimisation drops a symbol that only an asm statement names.
 
 namespace {
 using LegacyDriverInit = struct ibv_device* (*)(const char* uverbs_sys_path, int abi_version);
 }  // namespace
 
-SOFTRDMA_EXPORT void softrdma_compat_ibv_register_driver(const char* /*name*/,
-                                                         LegacyDriverInit /*init_func*/) {}
-
+#if defined(__GNUC__) && !defined(__clang__)
+#define SOFTRDMA_LEGACY_SYMVER __attribute__((symver("ibv_register_driver@IBVERBS_1.1")))
+#else
+#define SOFTRDMA_LEGACY_SYMVER
 __asm__(".symver softrdma_compat_ibv_register_driver, ibv_register_driver@IBVERBS_1.1");
+#endif
+
+SOFTRDMA_EXPORT SOFTRDMA_LEGACY_SYMVER void softrdma_compat_ibv_register_driver(
+    const char* /*name*/, LegacyDriverInit /*init_func*/) {}
