@@ -17,12 +17,10 @@ actual=$(objdump -T "$lib" | awk '
     v = $(NF - 1); n = $NF
     if (v ~ /^\(/) { gsub(/[()]/, "", v); print n "@" v } else print n "@@" v
   }' | LC_ALL=C sort)
-if diff <(LC_ALL=C sort "$expected") <(printf '%s\n' "$actual") >/tmp/exports-diff.$$; then
+if differences=$(diff <(LC_ALL=C sort "$expected") <(printf '%s\n' "$actual")); then
   echo "$(basename "$lib"): $(printf '%s\n' "$actual" | wc -l) exports as listed"
-  rm -f /tmp/exports-diff.$$
   exit 0
 fi
 echo "$(basename "$lib"): exports differ from $(basename "$expected") ('<' listed only, '>' built only):"
-grep '^[<>]' /tmp/exports-diff.$$
-rm -f /tmp/exports-diff.$$
+grep '^[<>]' <<<"$differences"
 exit 1
