@@ -11,6 +11,8 @@
 #include <deque>
 #include <mutex>
 
+#include "link/plain_syscall.h"
+
 namespace softrdma::core {
 
 template <typename T>
@@ -32,7 +34,7 @@ class EventQueue {
       items_.push_back(v);
     }
     uint64_t one = 1;
-    ssize_t r = write(fd_, &one, sizeof one);
+    ssize_t r = sys::Write(fd_, &one, sizeof one);
     (void)r;
   }
 

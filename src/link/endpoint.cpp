@@ -27,6 +27,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/plain_syscall.h"
 #include "link/running_thread.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
@@ -75,7 +76,7 @@ int64_t PeerUid(int fd) {
   char want_local[32], want_remote[32];
   snprintf(want_local, sizeof want_local, "%08X:%04X", them.sin_addr.s_addr, ntohs(them.sin_port));
   snprintf(want_remote, sizeof want_remote, "%08X:%04X", me.sin_addr.s_addr, ntohs(me.sin_port));
-  FILE* f = fopen("/proc/net/tcp", "re");
+  FILE* f = fopen("/proc/net/tcp", "rce");  // c: not a cancellation point (plain_syscall.h)
   if (!f) return -1;
   char line[512];
   int64_t uid = -1;
@@ -103,7 +104,7 @@ class TcpChannel final : public ServedChannel {
   TcpChannel(Endpoint::Impl& ep, const PeerAddr& peer)
       : ep_(ep), fd_(-1), connecting_(true), accepted_(false), peer_(peer), lazy_(true) {}
   ~TcpChannel() override {
-    if (fd_ >= 0) close(fd_);
+    if (fd_ >= 0) sys::Close(fd_);
   }
 
   void Start() {
@@ -177,7 +178,7 @@ class TcpChannel final : public ServedChannel {
         at += iov[i].iov_len;
       }
       for (;;) {
-        ssize_t w = send(fd_, gathered, total, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = sys::Send(fd_, gathered, total, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w >= 0) return static_cast<size_t>(w);
         if (errno == EINTR) continue;
         return 0;
@@ -187,7 +188,7 @@ class TcpChannel final : public ServedChannel {
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(k);
     for (;;) {
-      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t w = sys::SendMsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w >= 0) return static_cast<size_t>(w);
       if (errno == EINTR) continue;
       return 0;  // a broken socket is found by the flush that follows, as ever
@@ -358,8 +359,9 @@ class TcpChannel final : public ServedChannel {
       a.sin_family = AF_INET;
       a.sin_addr.s_addr = htonl(peer_.ip);
       a.sin_port = htons(peer_.port);
-      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
-        close(fd);
+      if (sys::Connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 &&
+          errno != EINPROGRESS) {
+        sys::Close(fd);
         fd = -1;
       }
     }
@@ -456,7 +458,7 @@ class TcpChannel final : public ServedChannel {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<size_t>(n);
-      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t w = sys::SendMsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -489,7 +491,7 @@ class TcpChannel final : public ServedChannel {
       rx_begin_ = 0;
     }
     size_t room = kRxBufferBytes - rx_end_;
-    ssize_t r = recv(fd_, rx_.get() + rx_end_, room, MSG_DONTWAIT);
+    ssize_t r = sys::Recv(fd_, rx_.get() + rx_end_, room, MSG_DONTWAIT);
     if (r > 0) {
       rx_end_ += static_cast<size_t>(r);
       drained_ = static_cast<size_t>(r) < room;
@@ -519,7 +521,7 @@ class TcpChannel final : public ServedChannel {
       iov[n++] = iovec{static_cast<uint8_t*>(target_.seg[i].iov_base) + off, len};
       want -= len;
     }
-    ssize_t r = readv(fd_, iov, n);
+    ssize_t r = sys::Readv(fd_, iov, n);
     if (r <= 0) {
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
       dead_ = true;
@@ -746,7 +748,7 @@ class WakePollable final : public Pollable {
   explicit WakePollable(int fd) : fd_(fd) {}
   void OnEvents(uint32_t) override {
     uint64_t v;
-    ssize_t r = read(fd_, &v, sizeof v);
+    ssize_t r = sys::Read(fd_, &v, sizeof v);
     (void)r;
   }
 
@@ -817,7 +819,7 @@ void Endpoint::Impl::Retire(const std::shared_ptr<ServedChannel>& ch) {
 
 void Endpoint::Impl::AcceptAll() {
   for (int i = 0; i < 64; ++i) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = sys::Accept4(listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     TuneSocket(fd);
     auto ch = std::make_shared<TcpChannel>(*this, fd);
@@ -832,7 +834,7 @@ void Endpoint::Impl::AcceptAll() {
 
 void Endpoint::Impl::AcceptShm() {
   for (int i = 0; i < 64; ++i) {
-    int fd = accept4(shm_listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = sys::Accept4(shm_listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     auto ch = ShmChannel::Accept(*this, fd);
     if (!ch) continue;
@@ -1001,7 +1003,7 @@ void Endpoint::Impl::Loop() {
     for (int i = 0; i < woke; ++i)
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
-    int n = epoll_wait(epfd, events, 64, 0);
+    int n = sys::EpollWait(epfd, events, 64, 0);
     if (lease_ended && n > 0) {
       const int64_t at = NowNs();
       const int64_t held = at - socket_lease_taken_ns.load(std::memory_order_relaxed);
@@ -1144,7 +1146,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     // answer is only a hint: events are fetched again under the mutex, since a channel it names
     // may be gone by then.
     epoll_event hint;
-    if (epoll_wait(epfd, &hint, 1, 0) <= 0 &&
+    if (sys::EpollWait(epfd, &hint, 1, 0) <= 0 &&
         loop_frames_pending.load(std::memory_order_relaxed) == 0)
       return false;
     Claim();
@@ -1155,7 +1157,7 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   }
   progress_mu.lock();
   epoll_event events[64];
-  int n = epoll_wait(epfd, events, 64, 0);
+  int n = sys::EpollWait(epfd, events, 64, 0);
   int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
   progress_mu.unlock();
@@ -1180,7 +1182,7 @@ bool Endpoint::Impl::PollOnceLeased() {
   } else {
     hot_socket_polls = 0;
     epoll_event events[64];
-    int n = epoll_wait(epfd, events, 64, 0);
+    int n = sys::EpollWait(epfd, events, 64, 0);
     ServedChannel* only = nullptr;
     if (n == 1) only = static_cast<Pollable*>(events[0].data.ptr)->socket_channel();
     if (only != hot_socket.get())
@@ -1202,7 +1204,7 @@ bool Endpoint::Impl::PollOnceLeased() {
 bool Endpoint::Impl::PollOnceClaimed() {
   if (!progress_mu.try_lock()) return false;
   epoll_event events[64];
-  int n = epoll_wait(epfd, events, 64, 0);
+  int n = sys::EpollWait(epfd, events, 64, 0);
   int handled = Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
   // The graveyard is emptied by the progress thread only, after its own Dispatch: it may be

@@ -16,6 +16,7 @@
 
 #include "link/endpoint.h"
 #include "link/lease_pause.h"
+#include "link/plain_syscall.h"
 #include "link/shm_ring.h"
 #include "link/udp_link.h"
 
@@ -198,7 +199,7 @@ struct Endpoint::Impl {
   void Retire(const std::shared_ptr<ServedChannel>& ch);
   void Wake() {
     uint64_t one = 1;
-    ssize_t r = write(wake_fd, &one, sizeof one);
+    ssize_t r = sys::Write(wake_fd, &one, sizeof one);
     (void)r;
   }
 };

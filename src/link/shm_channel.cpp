@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "link/frame_codec.h"
+#include "link/plain_syscall.h"
 #include "link/shared_memory.h"
 
 namespace softrdma::link {
@@ -80,7 +81,7 @@ ssize_t ReceiveWithFds(int sock, ShmSetup* s, int* fds, int* nfds) {
   msg.msg_iovlen = 1;
   msg.msg_control = cbuf;
   msg.msg_controllen = sizeof cbuf;
-  ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  ssize_t r = sys::RecvMsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   *nfds = 0;
   if (r >= 0) {
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
@@ -92,7 +93,7 @@ ssize_t ReceiveWithFds(int sock, ShmSetup* s, int* fds, int* nfds) {
         if (*nfds < 3) {
           fds[(*nfds)++] = fd;
         } else {
-          close(fd);
+          sys::Close(fd);
         }
       }
     }
@@ -361,7 +362,7 @@ bool ShmChannel::WriteHelloLocked() {
 
 void ShmChannel::Ring(int fd) {
   uint64_t one = 1;
-  ssize_t r = write(fd, &one, sizeof one);
+  ssize_t r = sys::Write(fd, &one, sizeof one);
   (void)r;
 }
 
@@ -549,7 +550,7 @@ void ShmChannel::NudgeIfAsleep() {
 
 void ShmChannel::OnDoorbell() {
   uint64_t v;
-  ssize_t r = read(doorbell_in_, &v, sizeof v);
+  ssize_t r = sys::Read(doorbell_in_, &v, sizeof v);
   (void)r;
   bool room;
   {

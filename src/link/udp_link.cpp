@@ -10,6 +10,7 @@
 
 #include "link/frame_codec.h"
 #include "link/place.h"
+#include "link/plain_syscall.h"
 
 namespace softrdma::link {
 namespace {
@@ -38,7 +39,7 @@ class UdpChannel final : public Channel {
     msg.msg_namelen = sizeof addr_;
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(f.nseg + 1);
-    while (sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    while (sys::SendMsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno == EINTR) {
     }
   }
   bool closed() const override { return false; }
@@ -113,7 +114,7 @@ void UdpLink::OnReadable() {
     msgs[i].msg_hdr.msg_iov = &iov[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
   }
-  int n = recvmmsg(fd_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+  int n = sys::RecvMmsg(fd_, msgs, kBatch, MSG_DONTWAIT);
   for (int i = 0; i < n; ++i) {
     const uint8_t* p = static_cast<const uint8_t*>(iov[i].iov_base);
     size_t len = msgs[i].msg_len;

@@ -1,0 +1,65 @@
+// The system calls the data path makes (ibv_post_send, ibv_poll_cq and what they drive), made
+// directly rather than through glibc's wrappers.
+//
+// The wrappers of send, recv, read, write, connect, accept, close and epoll_wait are cancellation
+// points. On a NIC the data-path verbs make no system call, so they are never where a thread's
+// pending cancellation acts; here they were, and a thread cancelled in one died with the
+// endpoint's progress mutex locked: no thread of the process made progress again
+// (tests/semantics/cancellation_test.cpp). A direct system call is not a cancellation point, and
+// skips the wrapper's cancellation bookkeeping (about a hundred instructions per call).
+//
+// Blocking waits the man pages leave cancellable (ibv_get_cq_event's read) keep glibc's wrappers.
+// Each returns as its wrapper does: -1 with errno set on failure.
+#pragma once
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstddef>
+
+namespace softrdma::sys {
+
+inline ssize_t Send(int fd, const void* p, size_t n, int flags) {
+  return syscall(SYS_sendto, fd, p, n, flags, nullptr, 0);
+}
+inline ssize_t SendMsg(int fd, const msghdr* m, int flags) {
+  return syscall(SYS_sendmsg, fd, m, flags);
+}
+inline ssize_t Recv(int fd, void* p, size_t n, int flags) {
+  return syscall(SYS_recvfrom, fd, p, n, flags, nullptr, nullptr);
+}
+inline ssize_t RecvMsg(int fd, msghdr* m, int flags) {
+  return syscall(SYS_recvmsg, fd, m, flags);
+}
+inline int RecvMmsg(int fd, mmsghdr* v, unsigned n, int flags) {
+  return static_cast<int>(syscall(SYS_recvmmsg, fd, v, n, flags, nullptr));
+}
+inline ssize_t Readv(int fd, const iovec* v, int n) {
+  return syscall(SYS_readv, fd, v, n);
+}
+inline ssize_t Read(int fd, void* p, size_t n) {
+  return syscall(SYS_read, fd, p, n);
+}
+inline ssize_t Write(int fd, const void* p, size_t n) {
+  return syscall(SYS_write, fd, p, n);
+}
+inline int Connect(int fd, const sockaddr* a, socklen_t len) {
+  return static_cast<int>(syscall(SYS_connect, fd, a, len));
+}
+inline int Accept4(int fd, int flags) {
+  return static_cast<int>(syscall(SYS_accept4, fd, nullptr, nullptr, flags));
+}
+inline int Close(int fd) {
+  return static_cast<int>(syscall(SYS_close, fd));
+}
+// epoll_pwait without a signal mask is epoll_wait, on every architecture (some have no epoll_wait).
+inline int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms) {
+  return static_cast<int>(
+      syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, nullptr, size_t{_NSIG / 8}));
+}
+
+}  // namespace softrdma::sys
