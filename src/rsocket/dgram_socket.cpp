@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "link/running_thread.h"
 #include "rsocket/util.h"
 
 namespace softrdma::rsocket {
@@ -121,7 +122,7 @@ class SidrResponder {
     std::lock_guard<std::mutex> g(mu_);
     if (!started_) {
       epfd_ = epoll_create1(EPOLL_CLOEXEC);
-      std::thread([this] { Run(); }).detach();
+      link::StartRunningThread([this] { Run(); }).detach();  // taking no signal of the program's
       started_ = true;
     }
     entries_[ch->fd] = {ch, qp_num};
