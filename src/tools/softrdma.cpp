@@ -1,7 +1,12 @@
 // softrdma: the command-line face of the project.
 //   softrdma run -- CMD ARGS...   run CMD with softrdma's libibverbs/librdmacm
+//   softrdma devnode [--remove]   the device node UCX looks for (see DevNode)
 //   softrdma version
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <climits>
 #include <cstdio>
@@ -10,6 +15,10 @@
 #include <string>
 
 namespace {
+
+constexpr const char* kDevNodeDir = "/dev/infiniband";
+constexpr const char* kDevNode =
+    "/dev/infiniband/uverbs_softrdma0";  // "/dev/infiniband/" + dev_name
 
 // build/bin/softrdma -> build/lib
 std::string LibDir() {
@@ -26,8 +35,41 @@ std::string LibDir() {
 int Usage(FILE* out) {
   std::fprintf(out,
                "usage: softrdma run [--] CMD [ARGS...]   run CMD on softrdma's RDMA libraries\n"
-               "       softrdma version\n");
+               "       softrdma devnode [--remove]      make (or remove) %s for UCX\n"
+               "       softrdma version\n",
+               kDevNode);
   return out == stderr ? 2 : 0;
+}
+
+// UCX lists an IB device only when /dev/infiniband/<dev_name> is a character device the user may
+// read and write (it stats the node, never opens it): without one, its rc_verbs and ud_verbs
+// transports do not see softrdma0. The node made here has /dev/null's numbers, so that whatever
+// does open it gets nothing. Making it takes root (or CAP_MKNOD); softrdma itself never needs it.
+int DevNode(bool remove) {
+  if (remove) {
+    struct stat st;
+    if (lstat(kDevNode, &st) != 0) return 0;  // nothing to remove
+    if (!S_ISCHR(st.st_mode) || st.st_rdev != makedev(1, 3)) {
+      std::fprintf(stderr, "softrdma: %s is not the node softrdma makes; left alone\n", kDevNode);
+      return 1;
+    }
+    if (unlink(kDevNode) != 0) {
+      std::fprintf(stderr, "softrdma: cannot remove %s: %s\n", kDevNode, std::strerror(errno));
+      return 1;
+    }
+    rmdir(kDevNodeDir);  // only when empty
+    return 0;
+  }
+  if (access(kDevNode, R_OK | W_OK) == 0) return 0;  // there already
+  if ((mkdir(kDevNodeDir, 0755) != 0 && errno != EEXIST) ||
+      mknod(kDevNode, S_IFCHR | 0666, makedev(1, 3)) != 0 || chmod(kDevNode, 0666) != 0) {
+    std::fprintf(stderr,
+                 "softrdma: cannot make %s: %s\n"
+                 "  it takes root (or CAP_MKNOD): sudo %s devnode\n",
+                 kDevNode, std::strerror(errno), "softrdma");
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -40,6 +82,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "help" || cmd == "--help" || cmd == "-h") return Usage(stdout);
+  if (cmd == "devnode") {
+    if (argc > 3 || (argc == 3 && std::strcmp(argv[2], "--remove") != 0)) return Usage(stderr);
+    return DevNode(argc == 3);
+  }
   if (cmd != "run") return Usage(stderr);
   int first = 2;
   if (first < argc && std::strcmp(argv[first], "--") == 0) ++first;
