@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "link/plain_syscall.h"
 #include "support/fresh_process.h"
 #include "support/semantics_harness.h"
 
@@ -89,6 +90,12 @@ void* Poller(void* arg) {
 
 class Cancellation : public VerbsTest {
  protected:
+  void SetUp() override {
+    if (!softrdma::sys::kPlain)
+      GTEST_SKIP() << "this build keeps the C library's cancellable wrappers (ThreadSanitizer)";
+    VerbsTest::SetUp();
+  }
+
   // A QP connected to a Target child, and the child's window.
   bool Connect(ForkedPeer& child, Work* w) {
     w->q = v.NewQp(QpOpts{});
