@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cm/cm.h"
+#include "core/device_names.h"
 
 namespace softrdma::cm {
 
@@ -33,7 +34,7 @@ ibv_context* Cm::Context() {
   if (!list) return nullptr;
   ibv_device* dev = n > 0 ? list[0] : nullptr;
   for (int i = 0; i < n; ++i) {
-    if (std::strcmp(ibv_get_device_name(list[i]), "softrdma0") == 0) dev = list[i];
+    if (std::strcmp(ibv_get_device_name(list[i]), core::kDeviceName) == 0) dev = list[i];
   }
   ibv_context* ctx = dev ? ibv_open_device(dev) : nullptr;
   ibv_free_device_list(list);

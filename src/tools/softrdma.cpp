@@ -7,18 +7,18 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "core/device_names.h"
+
 namespace {
 
-constexpr const char* kDevNodeDir = "/dev/infiniband";
-constexpr const char* kDevNode =
-    "/dev/infiniband/uverbs_softrdma0";  // "/dev/infiniband/" + dev_name
+using softrdma::core::kUverbsNode;
+using softrdma::core::kUverbsNodeDir;
 
 // build/bin/softrdma -> build/lib
 std::string LibDir() {
@@ -37,7 +37,7 @@ int Usage(FILE* out) {
                "usage: softrdma run [--] CMD [ARGS...]   run CMD on softrdma's RDMA libraries\n"
                "       softrdma devnode [--remove]      make (or remove) %s for UCX\n"
                "       softrdma version\n",
-               kDevNode);
+               kUverbsNode);
   return out == stderr ? 2 : 0;
 }
 
@@ -48,25 +48,26 @@ int Usage(FILE* out) {
 int DevNode(bool remove) {
   if (remove) {
     struct stat st;
-    if (lstat(kDevNode, &st) != 0) return 0;  // nothing to remove
+    if (lstat(kUverbsNode, &st) != 0) return 0;  // nothing to remove
     if (!S_ISCHR(st.st_mode) || st.st_rdev != makedev(1, 3)) {
-      std::fprintf(stderr, "softrdma: %s is not the node softrdma makes; left alone\n", kDevNode);
+      std::fprintf(stderr, "softrdma: %s is not the node softrdma makes; left alone\n",
+                   kUverbsNode);
       return 1;
     }
-    if (unlink(kDevNode) != 0) {
-      std::fprintf(stderr, "softrdma: cannot remove %s: %s\n", kDevNode, std::strerror(errno));
+    if (unlink(kUverbsNode) != 0) {
+      std::fprintf(stderr, "softrdma: cannot remove %s: %s\n", kUverbsNode, std::strerror(errno));
       return 1;
     }
-    rmdir(kDevNodeDir);  // only when empty
+    rmdir(kUverbsNodeDir);  // only when empty
     return 0;
   }
-  if (access(kDevNode, R_OK | W_OK) == 0) return 0;  // there already
-  if ((mkdir(kDevNodeDir, 0755) != 0 && errno != EEXIST) ||
-      mknod(kDevNode, S_IFCHR | 0666, makedev(1, 3)) != 0 || chmod(kDevNode, 0666) != 0) {
+  if (access(kUverbsNode, R_OK | W_OK) == 0) return 0;  // there already
+  if ((mkdir(kUverbsNodeDir, 0755) != 0 && errno != EEXIST) ||
+      mknod(kUverbsNode, S_IFCHR | 0666, makedev(1, 3)) != 0 || chmod(kUverbsNode, 0666) != 0) {
     std::fprintf(stderr,
                  "softrdma: cannot make %s: %s\n"
-                 "  it takes root (or CAP_MKNOD): sudo %s devnode\n",
-                 kDevNode, std::strerror(errno), "softrdma");
+                 "  it takes root (or CAP_MKNOD): sudo softrdma devnode\n",
+                 kUverbsNode, std::strerror(errno));
     return 1;
   }
   return 0;

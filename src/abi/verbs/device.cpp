@@ -4,11 +4,13 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "abi/export.h"
 #include "abi/verbs/objects.h"
+#include "core/device_names.h"
 #include "core/limits.h"
 
 #undef ibv_query_port
@@ -24,10 +26,12 @@ VerbsDevice* TheDevice() {
     auto* d = new VerbsDevice{};
     d->ibv.node_type = IBV_NODE_CA;
     d->ibv.transport_type = IBV_TRANSPORT_IB;
-    std::strcpy(d->ibv.name, "softrdma0");
-    std::strcpy(d->ibv.dev_name, "uverbs_softrdma0");
-    std::strcpy(d->ibv.dev_path, "/sys/class/infiniband_verbs/uverbs_softrdma0");
-    std::strcpy(d->ibv.ibdev_path, "/sys/class/infiniband/softrdma0");
+    std::strcpy(d->ibv.name, core::kDeviceName);
+    std::strcpy(d->ibv.dev_name, core::kUverbsName);
+    std::snprintf(d->ibv.dev_path, sizeof d->ibv.dev_path, "/sys/class/infiniband_verbs/%s",
+                  core::kUverbsName);
+    std::snprintf(d->ibv.ibdev_path, sizeof d->ibv.ibdev_path, "/sys/class/infiniband/%s",
+                  core::kDeviceName);
     return d;
   }();
   return dev;
