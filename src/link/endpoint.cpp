@@ -588,8 +588,15 @@ class TcpChannel final : public ServedChannel {
   }
 
   // Reads and handles what the socket has, without asking epoll first. Returns the frames handled.
+  // An empty socket is found by poll(), not by recv(): recv holds the socket's lock, and a
+  // segment the peer delivers meanwhile goes to the socket's backlog, for this thread to process
+  // (docs/architecture.md §4, the hot socket).
   int ReadNow() override {
     if (closed()) return 0;
+    if (Buffered() == 0) {
+      pollfd p{fd_, POLLIN, 0};
+      if (sys::PollNow(&p, 1) <= 0) return 0;  // POLLHUP and POLLERR come unasked: recv sees them
+    }
     return OnReadable();
   }
 

@@ -141,7 +141,7 @@ struct Endpoint::Impl {
   static constexpr int64_t kSocketPollIntervalNs = 20'000;
   std::atomic<int64_t> sockets_polled_ns{0};
   // The connection a leased poller reads without asking epoll (PollOnceLeased; progress_mu).
-  static constexpr int kHotSocketPollsPerEpoll = 8;
+  static constexpr int kHotSocketPollsPerEpoll = 64;
   std::shared_ptr<ServedChannel> hot_socket;
   int hot_socket_polls = 0;
   // A leased poll that handled frames leaves the timers to the next empty poll (at most

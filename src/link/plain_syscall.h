@@ -1,9 +1,9 @@
 // The system calls the data path makes (ibv_post_send, ibv_poll_cq and what they drive), made
 // directly rather than through glibc's wrappers.
 //
-// The wrappers of send, recv, read, write, connect, accept, close and epoll_wait are cancellation
-// points. On a NIC the data-path verbs make no system call, so they are never where a thread's
-// pending cancellation acts; here they were, and a thread cancelled in one died with the
+// The wrappers of send, recv, read, write, connect, accept, close, poll and epoll_wait are
+// cancellation points. On a NIC the data-path verbs make no system call, so they are never where a
+// thread's pending cancellation acts; here they were, and a thread cancelled in one died with the
 // endpoint's progress mutex locked: no thread of the process made progress again
 // (tests/semantics/cancellation_test.cpp). A direct system call is not a cancellation point, and
 // skips the wrapper's cancellation bookkeeping (about a hundred instructions per call).
@@ -17,6 +17,7 @@
 // The sanitizer build is a test build: it does not check the cancellation property.
 #pragma once
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -25,6 +26,7 @@
 
 #include <csignal>
 #include <cstddef>
+#include <ctime>
 
 namespace softrdma::sys {
 
@@ -89,6 +91,13 @@ inline int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms) {
   if constexpr (!kPlain) return ::epoll_wait(epfd, events, max, timeout_ms);
   return static_cast<int>(
       syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, nullptr, size_t{_NSIG / 8}));
+}
+
+// poll(2) with a zero timeout: it registers on no wait queue, and takes no socket lock.
+inline int PollNow(pollfd* fds, nfds_t n) {
+  if constexpr (!kPlain) return ::poll(fds, n, 0);
+  static const timespec kNow{0, 0};
+  return static_cast<int>(syscall(SYS_ppoll, fds, n, &kNow, nullptr, size_t{_NSIG / 8}));
 }
 
 }  // namespace softrdma::sys
