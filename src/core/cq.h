@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/event_queue.h"
-#include "core/fast_mutex.h"
+#include "link/fast_mutex.h"
 
 namespace softrdma::core {
 
@@ -49,7 +49,7 @@ class Cq {
   CompChannel* channel() const { return channel_; }
 
   // Extended polling (ibv_cq_ex): the caller holds lock() between start and end of a poll batch.
-  FastMutex& lock() { return mu_; }
+  link::FastMutex& lock() { return mu_; }
   const Cqe* FrontLocked() const { return count_ ? &ring_[head_] : nullptr; }
   void PopLocked() {
     head_ = Next(head_);
@@ -66,7 +66,7 @@ class Cq {
   CompChannel* channel_;
   void* user_handle_;
   const bool timestamps_;
-  FastMutex mu_;
+  link::FastMutex mu_;
   std::vector<Cqe> ring_;
   size_t head_ = 0, count_ = 0;
   size_t Next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/fast_mutex.h"
+#include "link/fast_mutex.h"
 #include "core/frame_receiver.h"
 #include "core/limits.h"
 #include "core/mr.h"
@@ -275,7 +275,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   const bool sq_sig_all_;
   ibv_qp* user_handle_;
 
-  FastMutex mu_;
+  link::FastMutex mu_;
   MrTable::Cache mr_cache_;              // under mu_: the local keys of the direct paths
   link::PeerWindows::Memo window_memo_;  // under mu_: the peer's window the direct path used last
   // A shared XRC target: its record in the domain's table (null otherwise).

@@ -111,7 +111,7 @@ class TcpChannel final : public ServedChannel {
     TxItem hello;
     hello.head_len = sizeof(Hello);
     EncodeHello(hello.head, ep_.self);
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     txq_.push_back(std::move(hello));
     if (!connecting_) FlushLocked();
     UpdateInterestLocked();
@@ -119,14 +119,14 @@ class TcpChannel final : public ServedChannel {
 
   void Send(OutFrame&& f) override {
     if (!settled()) return Route()->Send(std::move(f));  // a sender that did not settle first
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     OutFrame* frames[1] = {&f};
     SendLocked(frames, 1);
   }
 
   void SendPair(OutFrame&& first, OutFrame&& second) override {
     if (!settled()) return Route()->SendPair(std::move(first), std::move(second));
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     OutFrame* frames[2] = {&first, &second};
     SendLocked(frames, 2);
   }
@@ -262,7 +262,7 @@ class TcpChannel final : public ServedChannel {
     if (closed()) return;
     bool room = false;
     if (events & EPOLLOUT) {
-      std::lock_guard<std::mutex> g(tx_mu_);
+      std::lock_guard g(tx_mu_);
       if (connecting_) {
         int err = 0;
         socklen_t len = sizeof err;
@@ -290,7 +290,7 @@ class TcpChannel final : public ServedChannel {
   bool Hold() override {
     if (peer_gone_ || dead_) return false;
     held_.store(true, std::memory_order_release);
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     UpdateInterestLocked(true);
     return true;
   }
@@ -304,7 +304,7 @@ class TcpChannel final : public ServedChannel {
   // Progress thread only.
   void Close() override {
     {
-      std::lock_guard<std::mutex> g(tx_mu_);
+      std::lock_guard g(tx_mu_);
       if (closed_.load()) return;
       closed_.store(true, std::memory_order_release);
       epoll_ctl(ep_.epfd, EPOLL_CTL_DEL, fd_, nullptr);
@@ -327,7 +327,7 @@ class TcpChannel final : public ServedChannel {
   // end-of-test message waited 130-310 ms behind one across namespaces, and it resends after 1 ms).
   bool AwaitRoom() override {
     if (!settled()) return Route()->AwaitRoom();
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     if (closed() || broken_ || !BackloggedLocked()) return false;
     room_wanted_ = true;
     UpdateInterestLocked();
@@ -336,7 +336,7 @@ class TcpChannel final : public ServedChannel {
 
   // Frames still waiting for the socket (connecting, or the socket was full).
   bool TxPending() override {
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     return !txq_.empty() && !closed() && !broken_;
   }
 
@@ -344,7 +344,7 @@ class TcpChannel final : public ServedChannel {
   void ServeBuffered() override { OnReadable(); }
 
   void OwnQueuedPayloads() override {
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     for (TxItem& t : txq_) t.frame.OwnPayload();
   }
 
@@ -407,7 +407,7 @@ class TcpChannel final : public ServedChannel {
   // Ends a hold, reading the socket again. False when nothing was held.
   bool StopHolding() {
     if (!held_.exchange(false, std::memory_order_acq_rel)) return false;
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     UpdateInterestLocked(true);
     return true;
   }
@@ -564,7 +564,7 @@ class TcpChannel final : public ServedChannel {
     TxItem credit;
     EncodeCredit(credit.head, dgram_consumed_);
     credit.head_len = kCreditFrameBytes;
-    std::lock_guard<std::mutex> g(tx_mu_);
+    std::lock_guard g(tx_mu_);
     if (closed() || broken_) return;
     txq_.push_back(std::move(credit));
     KickLocked();
@@ -574,7 +574,7 @@ class TcpChannel final : public ServedChannel {
   bool OnCredit(uint64_t consumed) {
     bool room = false;
     {
-      std::lock_guard<std::mutex> g(tx_mu_);
+      std::lock_guard g(tx_mu_);
       if (consumed < dgram_credited_ || consumed > dgram_sent_) return false;
       dgram_credited_ = consumed;
       room = room_wanted_ && !BackloggedLocked();
@@ -692,7 +692,7 @@ class TcpChannel final : public ServedChannel {
   int fd_;
   std::atomic<bool> closed_{false};
 
-  std::mutex tx_mu_;  // guards everything tx below
+  FastMutex tx_mu_;  // guards everything tx below
   std::deque<TxItem> txq_;
   bool connecting_;
   const bool accepted_;
@@ -1006,7 +1006,7 @@ void Endpoint::Impl::Loop() {
     if (woke == 0 && !lease_ended && socket_lease.load(std::memory_order_acquire) &&
         shm_count.load(std::memory_order_relaxed) == 0)
       continue;
-    std::lock_guard<std::mutex> g(progress_mu);
+    std::lock_guard g(progress_mu);
     for (int i = 0; i < woke; ++i)
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);

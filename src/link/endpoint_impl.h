@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "link/endpoint.h"
+#include "link/fast_mutex.h"
 #include "link/lease_pause.h"
 #include "link/plain_syscall.h"
 #include "link/shm_ring.h"
@@ -183,7 +184,7 @@ struct Endpoint::Impl {
 
   // Whoever holds progress_mu handles inbound work: the progress thread after epoll wakes it, or
   // an application thread that polls an empty CQ (so busy-polling never waits for a wake-up).
-  std::mutex progress_mu;
+  FastMutex progress_mu;
   Pollable* wake_pollable = nullptr;
   // Never freed (the loop may race exit), but held here so that LeakSanitizer sees them reachable:
   // referenced only from epoll, they were reported as leaks (frame_decoder_fuzz, ASan test runs).

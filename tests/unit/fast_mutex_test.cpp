@@ -1,6 +1,6 @@
-// The lock of queue pairs and CQs (core/fast_mutex.h). Its exclusion is invisible to
+// The lock of queue pairs and CQs (link/fast_mutex.h). Its exclusion is invisible to
 // ThreadSanitizer: the tests of contention skip there (that build uses std::mutex instead).
-#include "core/fast_mutex.h"
+#include "link/fast_mutex.h"
 
 #include <gtest/gtest.h>
 
@@ -13,10 +13,10 @@
 
 namespace {
 
-using softrdma::core::FutexMutex;
+using softrdma::link::FutexMutex;
 
-// The build uses std::mutex for FastMutex under ThreadSanitizer (core/fast_mutex.h).
-constexpr bool kUnderTsan = !std::is_same_v<softrdma::core::FastMutex, FutexMutex>;
+// The build uses std::mutex for FastMutex under ThreadSanitizer (link/fast_mutex.h).
+constexpr bool kUnderTsan = !std::is_same_v<softrdma::link::FastMutex, FutexMutex>;
 
 TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsAfter) {
   FutexMutex m;
