@@ -372,7 +372,7 @@ void Hca::QueueRepath(std::shared_ptr<Qp> qp) {
 
 int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state,
                        uint32_t index) {
-  std::lock_guard<std::mutex> g(direct_mu_);
+  std::lock_guard g(direct_mu_);
   direct_qps_.push_back(std::move(qp));
   for (int i = 0; i < kWatchedRecvQueues; ++i)
     if (!watched_[i].load(std::memory_order_relaxed)) {
@@ -384,7 +384,7 @@ int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next
 }
 
 void Hca::RemoveDirectRecv(const Qp* qp, int watch) {
-  std::lock_guard<std::mutex> g(direct_mu_);
+  std::lock_guard g(direct_mu_);
   if (watch >= 0)
     watched_[watch].store(0, std::memory_order_relaxed);
   else
@@ -403,7 +403,7 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
   if (!wait) {
     // A QP's lock comes before direct_mu_: under it, QPs are only tried. One that is busy is
     // collected by a later poll (its watched slot still says done; the count is kept pending).
-    std::lock_guard<std::mutex> g(direct_mu_);
+    std::lock_guard g(direct_mu_);
     bool all = true;
     for (auto& qp : direct_qps_) all = qp->TryCollectDirectRecvs() && all;
     if (!all) link::SharedWindows::Get().KeepRecvsPending();
@@ -412,7 +412,7 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
   // Copied, to wait for each QP's lock. Kept per thread: a collection allocates nothing.
   thread_local std::vector<std::shared_ptr<Qp>> qps;
   {
-    std::lock_guard<std::mutex> g(direct_mu_);
+    std::lock_guard g(direct_mu_);
     qps = direct_qps_;
   }
   for (auto& qp : qps) qp->CollectDirectRecvs();
@@ -421,7 +421,7 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
 }
 
 void Hca::RefillDirectRecvs() {
-  std::lock_guard<std::mutex> g(direct_mu_);  // a QP's lock comes first: QPs are only tried
+  std::lock_guard g(direct_mu_);  // a QP's lock comes first: QPs are only tried
   for (auto& qp : direct_qps_) qp->TryRefillDirectRecvs();
 }
 

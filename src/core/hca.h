@@ -24,6 +24,7 @@
 #include "core/xrc.h"
 #include "core/xrc_targets.h"
 #include "link/endpoint.h"
+#include "link/fast_mutex.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {
@@ -218,7 +219,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // `count`: take the peers' count too (it costs a cache line the peers write). `wait`: wait for
   // each QP's lock (else a busy QP is left to a later call).
   bool CollectDirectRecvsSlow(bool count, bool wait);
-  std::mutex direct_mu_;  // after a QP's lock
+  link::FastMutex direct_mu_;  // after a QP's lock
   std::vector<std::shared_ptr<Qp>> direct_qps_;
   static uint64_t Watch(const std::atomic<uint32_t>* state, uint32_t index) {
     return reinterpret_cast<uint64_t>(state) | uint64_t{index & 0xffff} << 48;
