@@ -81,6 +81,7 @@ void Cm::AfterForkInChild() {
   Cm* old = g_cm;
   for (auto& [comm, id] : old->ids_) id->claim.ForgetAfterFork();
   old->presence_.ForgetAfterFork();
+  PortClaim::ForgetHeldFilesAfterFork();
   for (Peer* p : old->peers_) {
     if (p->fd >= 0) close(p->fd);
   }

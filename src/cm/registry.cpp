@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <new>
 #include <random>
 #include <sstream>
 
@@ -152,10 +154,61 @@ class DirLock {
   int fd_ = -1;
 };
 
+// The claim files this process holds, removed when it exits. The connection manager is never
+// destroyed (Cm::Get), nor are the ids a program still has at exit, so their claims' destructors
+// do not run: every rping left its presence file behind. A process that dies without exiting
+// leaves its files to the next claimant's pruning.
+class HeldFiles {
+ public:
+  static HeldFiles& Get() {
+    static HeldFiles* held = [] {
+      auto* h = new HeldFiles;  // never destroyed: claims may be made and released during exit
+      atexit([] { Get().RemoveAllAtExit(); });
+      return h;
+    }();
+    return *held;
+  }
+  void Add(const std::string& path) {
+    std::lock_guard g(mu_);
+    ForgetParentsLocked();
+    paths_.push_back(path);
+  }
+  void Remove(const std::string& path) {
+    std::lock_guard g(mu_);
+    ForgetParentsLocked();
+    std::erase(paths_, path);
+  }
+  // In a fork()ed child (one thread): the files are the parent's, and the lock may have been held
+  // by one of its threads at the fork.
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex;
+    paths_.clear();
+    pid_ = getpid();
+  }
+
+ private:
+  void ForgetParentsLocked() {
+    if (pid_ == getpid()) return;
+    pid_ = getpid();
+    paths_.clear();
+  }
+  void RemoveAllAtExit() {
+    // A thread in the middle of a claim keeps its files: pruning removes them later.
+    std::unique_lock g(mu_, std::try_to_lock);
+    if (!g.owns_lock() || pid_ != getpid()) return;
+    for (const std::string& p : paths_) unlink(p.c_str());
+    paths_.clear();
+  }
+  std::mutex mu_;
+  pid_t pid_ = getpid();
+  std::vector<std::string> paths_;
+};
+
 }  // namespace
 
 PortClaim::~PortClaim() {
   if (fd_ >= 0) {
+    HeldFiles::Get().Remove(path_);
     unlink(path_.c_str());
     close(fd_);
   }
@@ -164,6 +217,10 @@ PortClaim::~PortClaim() {
 void PortClaim::ForgetAfterFork() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+}
+
+void PortClaim::ForgetHeldFilesAfterFork() {
+  HeldFiles::Get().ForgetAfterFork();
 }
 
 int PortClaim::ClaimPresence() {
@@ -176,6 +233,7 @@ int PortClaim::ClaimPresence() {
     return EACCES;
   }
   fd_ = fd;
+  HeldFiles::Get().Add(path_);
   port_space_ = 0;
   addr_ = Addr{};
   addr_.family = 4;
@@ -212,6 +270,7 @@ int PortClaim::Claim(uint16_t port_space, const Addr& addr, bool reuse) {
     }
   }
   fd_ = fd;
+  HeldFiles::Get().Add(path_);
   port_space_ = port_space;
   addr_ = addr;
   reuse_ = reuse;

@@ -33,6 +33,8 @@ class PortClaim {
   bool held() const { return fd_ >= 0; }
   // Closes the claim without removing it: after fork(), the parent still holds it.
   void ForgetAfterFork();
+  // In a fork()ed child: the files this process removes at exit are none of the parent's.
+  static void ForgetHeldFilesAfterFork();
 
  private:
   std::string path_;

@@ -82,6 +82,25 @@ int ChildConnect(uint16_t port) {
   ChildHold();
 }
 
+// "exit-holding": binds an id to 127.0.0.1 (a port claim in the run directory, next to the CM's
+// presence file), reports 'B', and on the parent's byte leaves by exit() with the id, its channel
+// and the CM still in place, as many programs do.
+int ChildExitHolding() {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 2;
+  bool bound = false;
+  for (int tries = 0; tries < 50 && !bound; ++tries) {
+    sockaddr_storage a = Ip("127.0.0.1", NextPort());
+    bound = rdma_bind_addr(id, Sa(&a)) == 0;
+  }
+  if (!bound) return 3;
+  if (!ChildWrite("B", 1)) return 4;
+  uint8_t b;
+  if (::read(kChildDown, &b, 1) != 1) return 5;
+  exit(0);
+}
+
 int RunChildIfAsked() {
   const char* role = getenv("SOFTRDMA_CM_CHILD");
   if (!role) return 0;
@@ -93,6 +112,8 @@ int RunChildIfAsked() {
     code = ChildListen(true);
   } else if (r == "listen-hold") {
     code = ChildListen(false);
+  } else if (r == "exit-holding") {
+    code = ChildExitHolding();
   } else if (r == "connect") {
     code = ChildConnect(static_cast<uint16_t>(atoi(arg ? arg : "0")));
   }
@@ -195,6 +216,48 @@ TEST_F(CmProcess, KilledListenerFailsAPendingConnectAndFreesItsPort) {
   ASSERT_EQ(rdma_connect(again, &cp), 0) << strerror(errno);
   ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_UNREACHABLE, &e, kDeathBound));
   EXPECT_EQ(e.status, -ECONNREFUSED);
+}
+
+// The files a process publishes in <run dir>/cm (its presence, its port claims) name its pid.
+std::vector<std::string> CmFilesOf(pid_t pid) {
+  const char* run = getenv("SOFTRDMA_RUNDIR");
+  std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/cm";
+  const std::string p = std::to_string(pid);
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* de = readdir(d)) {
+    // host-<netns>-<pid>, <netns>-<port space>-<port>-<pid>-<n>
+    std::vector<std::string> parts;
+    std::string name = de->d_name, part;
+    for (char c : name + "-") {
+      if (c != '-') {
+        part += c;
+        continue;
+      }
+      parts.push_back(part);
+      part.clear();
+    }
+    bool mine = (parts.size() == 3 && parts[0] == "host" && parts[2] == p) ||
+                (parts.size() == 5 && parts[0] != "host" && parts[3] == p);
+    if (mine) out.push_back(name);
+  }
+  closedir(d);
+  return out;
+}
+
+// A program that exits without destroying its ids (or, ever, the CM itself) leaves no file in
+// the run directory: every rping run left its presence file in /dev/shm/softrdma/cm.
+TEST_F(CmProcess, AProcessThatExitsLeavesNoFileInTheRunDirectory) {
+  ASSERT_TRUE(child_.Start("exit-holding", ""));
+  ASSERT_EQ(child_.Recv(), 'B') << "the child did not bind";
+  const pid_t pid = child_.pid();
+  EXPECT_FALSE(CmFilesOf(pid).empty()) << "no claim of the child's to watch";
+  ASSERT_TRUE(child_.Send('x'));
+  ASSERT_EQ(child_.Wait(kDeathBound), 0) << "the child did not exit by itself";
+  std::string left;
+  for (const std::string& f : CmFilesOf(pid)) left += " " + f;
+  EXPECT_TRUE(left.empty()) << "left in the run directory:" << left;
 }
 
 }  // namespace

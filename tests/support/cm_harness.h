@@ -482,6 +482,23 @@ class ChildProcess {
     from_ = to_ = -1;
   }
 
+  // The exit code of a child that exits by itself within `timeout`; -1 (and killed) otherwise.
+  int Wait(milliseconds timeout = kWait) {
+    const auto deadline = Clock::now() + timeout;
+    while (pid_ > 0) {
+      int st;
+      pid_t r = waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      if ((r < 0 && errno != EINTR) || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    Kill();
+    return -1;
+  }
+
   pid_t pid() const { return pid_; }
 
  private:
