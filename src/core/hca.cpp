@@ -40,6 +40,7 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
       std::lock_guard<std::mutex> lk(g_mu);
       if (!g_instance) return;
       (*g_instance)->HandOverTargets();
+      (*g_instance)->mcast_.LeaveAllAtExit();
       (*g_instance)->slots_.~SlotRegistry();
     });
   }

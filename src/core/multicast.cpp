@@ -50,6 +50,17 @@ McastRegistry::~McastRegistry() {
   }
 }
 
+void McastRegistry::LeaveAllAtExit() {
+  std::unique_lock g(mu_, std::try_to_lock);
+  if (!g.owns_lock()) return;
+  for (auto& [key, fd] : held_) {
+    unlink(PathOf(key.first, key.second).c_str());
+    close(fd);
+  }
+  held_.clear();
+  cache_.clear();
+}
+
 int McastRegistry::Attach(const ibv_gid& mgid, uint32_t qpn) {
   if (!IsMulticastGid(mgid)) return EINVAL;
   std::lock_guard<std::mutex> g(mu_);

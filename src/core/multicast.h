@@ -34,6 +34,9 @@ class McastRegistry {
   std::vector<uint32_t> Members(const ibv_gid& mgid);
   // Drops held files without unlocking them: the parent of a fork() still holds the locks.
   void ForgetAfterFork();
+  // At exit: removes the member files of QPs still attached (the HCA is never destructed). Left
+  // when another thread holds the registry: readers skip files nobody holds.
+  void LeaveAllAtExit();
 
  private:
   struct Cached {

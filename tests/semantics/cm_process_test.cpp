@@ -101,6 +101,36 @@ int ChildExitHolding() {
   exit(0);
 }
 
+// "mcast-exit": a UD QP joins a multicast group (a member file in <run dir>/mcast), reports 'M'
+// and its QPN (4 bytes), and on the parent's byte leaves by exit() without detaching or
+// destroying anything.
+int ChildMcastExit() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ibv_context* ctx = list && n > 0 ? ibv_open_device(list[0]) : nullptr;
+  if (!ctx) return 2;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = pd ? ibv_create_cq(ctx, 4, nullptr, nullptr, 0) : nullptr;
+  if (!cq) return 3;
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_UD;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  if (!qp) return 4;
+  ibv_gid mgid{};
+  mgid.raw[0] = 0xff;
+  mgid.raw[1] = 0x0e;
+  mgid.raw[15] = 0x42;
+  if (ibv_attach_mcast(qp, &mgid, 0)) return 5;
+  const uint32_t qpn = qp->qp_num;
+  if (!ChildWrite("M", 1) || !ChildWrite(&qpn, 4)) return 6;
+  uint8_t b;
+  if (::read(kChildDown, &b, 1) != 1) return 7;
+  exit(0);
+}
+
 int RunChildIfAsked() {
   const char* role = getenv("SOFTRDMA_CM_CHILD");
   if (!role) return 0;
@@ -112,6 +142,8 @@ int RunChildIfAsked() {
     code = ChildListen(true);
   } else if (r == "listen-hold") {
     code = ChildListen(false);
+  } else if (r == "mcast-exit") {
+    code = ChildMcastExit();
   } else if (r == "exit-holding") {
     code = ChildExitHolding();
   } else if (r == "connect") {
@@ -258,6 +290,33 @@ TEST_F(CmProcess, AProcessThatExitsLeavesNoFileInTheRunDirectory) {
   std::string left;
   for (const std::string& f : CmFilesOf(pid)) left += " " + f;
   EXPECT_TRUE(left.empty()) << "left in the run directory:" << left;
+}
+
+// Nor does one whose QP is still in a multicast group at exit (the HCA is never destructed).
+TEST_F(CmProcess, AProcessThatExitsInAMulticastGroupLeavesNoMemberFile) {
+  ASSERT_TRUE(child_.Start("mcast-exit", ""));
+  ASSERT_EQ(child_.Recv(), 'M') << "the child did not join";
+  uint32_t qpn = 0;
+  ASSERT_TRUE(child_.Read(&qpn, 4));
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "-%06x", qpn);
+  const char* run = getenv("SOFTRDMA_RUNDIR");
+  const std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/mcast";
+  auto members = [&] {
+    std::vector<std::string> out;
+    if (DIR* d = opendir(dir.c_str())) {
+      while (dirent* de = readdir(d)) {
+        std::string name = de->d_name;
+        if (name.size() > 7 && name.compare(name.size() - 7, 7, suffix) == 0) out.push_back(name);
+      }
+      closedir(d);
+    }
+    return out;
+  };
+  EXPECT_EQ(members().size(), 1u) << "no member file of the child's to watch";
+  ASSERT_TRUE(child_.Send('x'));
+  ASSERT_EQ(child_.Wait(kDeathBound), 0) << "the child did not exit by itself";
+  EXPECT_TRUE(members().empty()) << "left in " << dir << ": " << members().front();
 }
 
 }  // namespace
