@@ -170,37 +170,28 @@ class HeldFiles {
   }
   void Add(const std::string& path) {
     std::lock_guard g(mu_);
-    ForgetParentsLocked();
     paths_.push_back(path);
   }
   void Remove(const std::string& path) {
     std::lock_guard g(mu_);
-    ForgetParentsLocked();
     std::erase(paths_, path);
   }
-  // In a fork()ed child (one thread): the files are the parent's, and the lock may have been held
-  // by one of its threads at the fork.
+  // In a fork()ed child (one thread; Cm's atfork handler): the files are the parent's, and the
+  // lock may have been held by one of its threads at the fork.
   void ForgetAfterFork() {
     new (&mu_) std::mutex;
     paths_.clear();
-    pid_ = getpid();
   }
 
  private:
-  void ForgetParentsLocked() {
-    if (pid_ == getpid()) return;
-    pid_ = getpid();
-    paths_.clear();
-  }
   void RemoveAllAtExit() {
     // A thread in the middle of a claim keeps its files: pruning removes them later.
     std::unique_lock g(mu_, std::try_to_lock);
-    if (!g.owns_lock() || pid_ != getpid()) return;
+    if (!g.owns_lock()) return;
     for (const std::string& p : paths_) unlink(p.c_str());
     paths_.clear();
   }
   std::mutex mu_;
-  pid_t pid_ = getpid();
   std::vector<std::string> paths_;
 };
 

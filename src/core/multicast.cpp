@@ -44,15 +44,15 @@ int64_t Now() {
 }  // namespace
 
 McastRegistry::~McastRegistry() {
-  for (auto& [key, fd] : held_) {
-    unlink(PathOf(key.first, key.second).c_str());
-    close(fd);
-  }
+  LeaveAllLocked();
 }
 
 void McastRegistry::LeaveAllAtExit() {
   std::unique_lock g(mu_, std::try_to_lock);
-  if (!g.owns_lock()) return;
+  if (g.owns_lock()) LeaveAllLocked();
+}
+
+void McastRegistry::LeaveAllLocked() {
   for (auto& [key, fd] : held_) {
     unlink(PathOf(key.first, key.second).c_str());
     close(fd);

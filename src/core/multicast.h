@@ -43,6 +43,7 @@ class McastRegistry {
     int64_t expires_ns = 0;
     std::vector<uint32_t> qpns;
   };
+  void LeaveAllLocked();
   std::mutex mu_;
   std::map<std::pair<std::string, uint32_t>, int> held_;  // (mgid hex, qpn) -> fd
   std::map<std::string, Cached> cache_;

@@ -12,6 +12,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <type_traits>
+
+#include "link/thread_sanitizer.h"
 
 namespace softrdma::link {
 
@@ -41,16 +44,6 @@ class FutexMutex {
 };
 static_assert(sizeof(std::atomic<int>) == sizeof(int));
 
-#if defined(__SANITIZE_THREAD__)
-using FastMutex = std::mutex;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-using FastMutex = std::mutex;
-#else
-using FastMutex = FutexMutex;
-#endif
-#else
-using FastMutex = FutexMutex;
-#endif
+using FastMutex = std::conditional_t<kThreadSanitizer, std::mutex, FutexMutex>;
 
 }  // namespace softrdma::link

@@ -28,19 +28,11 @@
 #include <cstddef>
 #include <ctime>
 
+#include "link/thread_sanitizer.h"
+
 namespace softrdma::sys {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kPlain = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kPlain = false;
-#else
-constexpr bool kPlain = true;
-#endif
-#else
-constexpr bool kPlain = true;
-#endif
+constexpr bool kPlain = !kThreadSanitizer;
 
 inline ssize_t Send(int fd, const void* p, size_t n, int flags) {
   if constexpr (!kPlain) return ::send(fd, p, n, flags);

@@ -250,31 +250,11 @@ TEST_F(CmProcess, KilledListenerFailsAPendingConnectAndFreesItsPort) {
   EXPECT_EQ(e.status, -ECONNREFUSED);
 }
 
-// The files a process publishes in <run dir>/cm (its presence, its port claims) name its pid.
+// The files a process publishes in <run dir>/cm (its presence, its port claims).
 std::vector<std::string> CmFilesOf(pid_t pid) {
-  const char* run = getenv("SOFTRDMA_RUNDIR");
-  std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/cm";
-  const std::string p = std::to_string(pid);
   std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* de = readdir(d)) {
-    // host-<netns>-<pid>, <netns>-<port space>-<port>-<pid>-<n>
-    std::vector<std::string> parts;
-    std::string name = de->d_name, part;
-    for (char c : name + "-") {
-      if (c != '-') {
-        part += c;
-        continue;
-      }
-      parts.push_back(part);
-      part.clear();
-    }
-    bool mine = (parts.size() == 3 && parts[0] == "host" && parts[2] == p) ||
-                (parts.size() == 5 && parts[0] != "host" && parts[3] == p);
-    if (mine) out.push_back(name);
-  }
-  closedir(d);
+  for (const CmClaim& c : CmClaims())
+    if (c.pid == pid) out.push_back(c.name);
   return out;
 }
 
@@ -300,17 +280,11 @@ TEST_F(CmProcess, AProcessThatExitsInAMulticastGroupLeavesNoMemberFile) {
   ASSERT_TRUE(child_.Read(&qpn, 4));
   char suffix[16];
   std::snprintf(suffix, sizeof suffix, "-%06x", qpn);
-  const char* run = getenv("SOFTRDMA_RUNDIR");
-  const std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/mcast";
+  const std::string dir = RunDir() + "/mcast";
   auto members = [&] {
     std::vector<std::string> out;
-    if (DIR* d = opendir(dir.c_str())) {
-      while (dirent* de = readdir(d)) {
-        std::string name = de->d_name;
-        if (name.size() > 7 && name.compare(name.size() - 7, 7, suffix) == 0) out.push_back(name);
-      }
-      closedir(d);
-    }
+    for (const std::string& name : FilesIn(dir))
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, suffix) == 0) out.push_back(name);
     return out;
   };
   EXPECT_EQ(members().size(), 1u) << "no member file of the child's to watch";

@@ -377,27 +377,49 @@ class CmTest : public ::testing::Test {
   std::vector<rdma_cm_id*> ids_;
 };
 
+inline std::string RunDir() {
+  const char* run = getenv("SOFTRDMA_RUNDIR");
+  return run ? run : "/dev/shm/softrdma";
+}
+
+// The names of the files in `dir`, without the dot files.
+inline std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* de = readdir(d))
+    if (de->d_name[0] != '.') out.push_back(de->d_name);
+  closedir(d);
+  return out;
+}
+
+// A file a CM process publishes under <run dir>/cm: a port claim or its presence.
+struct CmClaim {
+  std::string name;
+  long pid = -1, port = -1, listen = 0;
+};
+inline std::vector<CmClaim> CmClaims() {
+  const std::string dir = RunDir() + "/cm";
+  std::vector<CmClaim> out;
+  for (const std::string& name : FilesIn(dir)) {
+    std::ifstream in(dir + "/" + name);
+    CmClaim c{name};
+    std::string word;
+    while (in >> word) {
+      if (word == "pid") in >> c.pid;
+      if (word == "port") in >> c.port;
+      if (word == "listen") in >> c.listen;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 // The CM service port published for this process's listener on `port` (0 if none).
 inline uint16_t ServicePortOf(uint16_t port) {
-  const char* run = getenv("SOFTRDMA_RUNDIR");
-  std::string dir = std::string(run ? run : "/dev/shm/softrdma") + "/cm";
-  DIR* d = opendir(dir.c_str());
-  if (!d) return 0;
-  uint16_t found = 0;
-  while (dirent* de = readdir(d)) {
-    if (de->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + de->d_name);
-    std::string word;
-    long pid = -1, p = -1, listen = 0;
-    while (in >> word) {
-      if (word == "pid") in >> pid;
-      if (word == "port") in >> p;
-      if (word == "listen") in >> listen;
-    }
-    if (pid == getpid() && p == port && listen > 0) found = static_cast<uint16_t>(listen);
-  }
-  closedir(d);
-  return found;
+  for (const CmClaim& c : CmClaims())
+    if (c.pid == getpid() && c.port == port && c.listen > 0) return static_cast<uint16_t>(c.listen);
+  return 0;
 }
 
 // ---- Child processes ----------------------------------------------------------------------------

@@ -15,21 +15,13 @@
 #include <string>
 #include <thread>
 
+#include "link/thread_sanitizer.h"
+
 namespace semantics {
 
 // ThreadSanitizer guards its own allocator across fork(), and a fresh process of this binary
 // takes it about a second to start: the fresh-process tests skip under it.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kFreshRunsSkipped = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kFreshRunsSkipped = true;
-#else
-constexpr bool kFreshRunsSkipped = false;
-#endif
-#else
-constexpr bool kFreshRunsSkipped = false;
-#endif
+constexpr bool kFreshRunsSkipped = softrdma::kThreadSanitizer;
 
 // How many of `rounds` runs of `test` (a full GoogleTest name) failed or outlived `bound`.
 // `env` ("NAME=value" each) is set in the fresh processes only; `prepare`, when given, runs in
