@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "cm/ip_address.h"
+#include "core/held_file.h"
 #include "core/host_identity.h"
 
 namespace softrdma::cm {
@@ -108,7 +109,7 @@ void ForEachLive(Fn fn, bool prune = false) {
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
-      if (prune) unlink(path.c_str());  // nobody holds it: its process is gone
+      if (prune) core::RemoveLockedAbandoned(fd, path);  // nobody holds it: its process is gone
       close(fd);
       continue;
     }
@@ -135,29 +136,34 @@ bool Owns(const Entry& e, const Addr& ip) {
   return false;
 }
 
+// Claims are made and pruned under it, so that no claim is pruned half made. `wait` false: only
+// when nobody holds it (a thread of this process may, and flock would wait for it for good).
 class DirLock {
  public:
-  DirLock() {
+  explicit DirLock(bool wait = true) {
     std::string p = Dir() + "/.lock";
     fd_ = open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd_ >= 0) {
-      fchmod(fd_, 0666);
-      while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-      }
+    if (fd_ < 0) return;
+    fchmod(fd_, 0666);
+    int r;
+    while ((r = flock(fd_, LOCK_EX | (wait ? 0 : LOCK_NB))) != 0 && errno == EINTR) {
     }
+    held_ = r == 0;
   }
   ~DirLock() {
     if (fd_ >= 0) close(fd_);
   }
+  bool held() const { return held_; }
 
  private:
   int fd_ = -1;
+  bool held_ = false;
 };
 
 // The claim files this process holds, removed when it exits. The connection manager is never
 // destroyed (Cm::Get), nor are the ids a program still has at exit, so their claims' destructors
 // do not run: every rping left its presence file behind. A process that dies without exiting
-// leaves its files to the next claimant's pruning.
+// leaves its files to the next claimant's pruning, or to the exit of a process still running.
 class HeldFiles {
  public:
   static HeldFiles& Get() {
@@ -190,6 +196,9 @@ class HeldFiles {
     if (!g.owns_lock()) return;
     for (const std::string& p : paths_) unlink(p.c_str());
     paths_.clear();
+    // And those of killed processes: a peer's kill followed by our exit left its files for good.
+    DirLock lock(/*wait=*/false);
+    if (lock.held()) ForEachLive([](const Entry&) {}, /*prune=*/true);
   }
   std::mutex mu_;
   std::vector<std::string> paths_;
@@ -217,12 +226,9 @@ void PortClaim::ForgetHeldFilesAfterFork() {
 int PortClaim::ClaimPresence() {
   if (!EnsureDir()) return EACCES;
   path_ = Dir() + "/host-" + std::to_string(core::NetnsId()) + "-" + std::to_string(getpid());
-  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  DirLock lock;
+  int fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);
   if (fd < 0) return EACCES;
-  if (flock(fd, LOCK_EX) != 0) {
-    close(fd);
-    return EACCES;
-  }
   fd_ = fd;
   HeldFiles::Get().Add(path_);
   port_space_ = 0;
@@ -250,16 +256,9 @@ int PortClaim::Claim(uint16_t port_space, const Addr& addr, bool reuse) {
   path_ = Dir() + "/" + std::to_string(netns) + "-" + std::to_string(port_space) + "-" +
           std::to_string(addr.port) + "-" + std::to_string(getpid()) + "-" +
           std::to_string(counter++);
-  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return EACCES;
   // Blocking: a reader may hold a shared lock on the new file for a moment.
-  while (flock(fd, LOCK_EX) != 0) {
-    if (errno != EINTR) {
-      close(fd);
-      unlink(path_.c_str());
-      return EACCES;
-    }
-  }
+  int fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);
+  if (fd < 0) return EACCES;
   fd_ = fd;
   HeldFiles::Get().Add(path_);
   port_space_ = port_space;

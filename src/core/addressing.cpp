@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/held_file.h"
 #include "core/limits.h"
 
 namespace softrdma::core {
@@ -86,15 +87,8 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
   for (uint32_t i = 0; i < kMaxSlot; ++i) {
     uint16_t s = static_cast<uint16_t>((start + i) % kMaxSlot + 1);
     std::string path = dir_ + "/slot-" + std::to_string(s);
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) continue;  // another user's stale slot
-    struct stat mine {
-    }, now{};
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &mine) != 0 ||
-        stat(path.c_str(), &now) != 0 || mine.st_ino != now.st_ino) {
-      close(fd);  // taken, or swept as stale between our open and our lock
-      continue;
-    }
+    int fd = OpenHeldFile(path, 0, /*nonblock=*/true);
+    if (fd < 0) continue;  // taken, or another user's stale slot
     if (HeldElsewhere(s)) {
       close(fd);  // its creator is gone, but its shared XRC targets live on elsewhere
       continue;
@@ -120,7 +114,8 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
 }
 
 // Slot files of processes that died without their exit handler (killed) are unlinked: nobody
-// holds their lock. A claimer that opened such a file just before sees that its path went away.
+// holds their lock (core/held_file.h). Done by every process that claims a slot and again when it
+// exits, so that a killed peer's slot is gone once its survivors are.
 void SlotRegistry::SweepStaleSlots() {
   DIR* d = opendir(dir_.c_str());
   if (!d) return;
@@ -132,7 +127,7 @@ void SlotRegistry::SweepStaleSlots() {
     struct stat st {};
     if (fstat(fd, &st) == 0 && st.st_uid == getuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
         !HeldElsewhere(static_cast<uint16_t>(std::atoi(e->d_name + 5))))
-      unlink(path.c_str());
+      RemoveLockedAbandoned(fd, path);
     close(fd);
   }
   closedir(d);
@@ -155,6 +150,7 @@ SlotRegistry::~SlotRegistry() {
     }
     Release(slot);
   }
+  if (!dir_.empty()) SweepStaleSlots();
 }
 
 bool SlotRegistry::HeldElsewhere(uint16_t slot) const {
@@ -194,7 +190,8 @@ void SlotRegistry::Release(uint16_t slot) {
   // too unless its creator still holds it (the creator removes it at its own exit).
   if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
     int owner = open(PathOf(slot).c_str(), O_RDONLY | O_CLOEXEC);
-    if (owner >= 0 && flock(owner, LOCK_EX | LOCK_NB) == 0) unlink(PathOf(slot).c_str());
+    if (owner >= 0 && flock(owner, LOCK_EX | LOCK_NB) == 0)
+      RemoveLockedAbandoned(owner, PathOf(slot));
     if (owner >= 0) close(owner);
     unlink((PathOf(slot) + ".held").c_str());
   }

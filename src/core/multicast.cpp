@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/held_file.h"
 #include "core/host_identity.h"
 
 namespace softrdma::core {
@@ -49,7 +50,14 @@ McastRegistry::~McastRegistry() {
 
 void McastRegistry::LeaveAllAtExit() {
   std::unique_lock g(mu_, std::try_to_lock);
-  if (g.owns_lock()) LeaveAllLocked();
+  if (!g.owns_lock()) return;
+  LeaveAllLocked();
+  // And the members of killed processes: a peer's kill followed by our exit left them for good.
+  if (DIR* dir = opendir(Dir().c_str())) {
+    while (dirent* de = readdir(dir))
+      if (de->d_name[0] != '.') RemoveIfAbandoned(Dir() + "/" + de->d_name);
+    closedir(dir);
+  }
 }
 
 void McastRegistry::LeaveAllLocked() {
@@ -69,13 +77,8 @@ int McastRegistry::Attach(const ibv_gid& mgid, uint32_t qpn) {
   std::string run = RunDirectory();
   if (mkdir(run.c_str(), 01777) == 0) chmod(run.c_str(), 01777);
   if (mkdir(Dir().c_str(), 01777) == 0) chmod(Dir().c_str(), 01777);
-  std::string path = PathOf(hex, qpn);
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = OpenHeldFile(PathOf(hex, qpn), 0, /*nonblock=*/false);
   if (fd < 0) return ENOMEM;
-  if (flock(fd, LOCK_EX) != 0) {
-    close(fd);
-    return ENOMEM;
-  }
   held_[{hex, qpn}] = fd;
   cache_.erase(hex);
   return 0;
@@ -124,11 +127,14 @@ std::vector<uint32_t> McastRegistry::Members(const ibv_gid& mgid) {
         c.qpns.push_back(qpn);
         continue;
       }
-      // Someone else's: a member while its holder keeps the lock.
+      // Someone else's: a member while its holder keeps the lock; a killed process's otherwise.
       std::string path = Dir() + "/" + name;
       int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) continue;
-      if (flock(fd, LOCK_SH | LOCK_NB) != 0) c.qpns.push_back(qpn);
+      if (flock(fd, LOCK_SH | LOCK_NB) != 0)
+        c.qpns.push_back(qpn);
+      else
+        RemoveLockedAbandoned(fd, path);
       close(fd);
     }
     closedir(dir);

@@ -3,6 +3,10 @@
 // DISCONNECTED on established connections, UNREACHABLE on a pending connect, and the dead
 // listener's port no longer answers. Bound: kDeathBound (the CM channel's TCP close is immediate
 // on one host; the bound leaves room for loaded CI machines).
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include "support/cm_harness.h"
 
 namespace cmtest {
@@ -131,6 +135,39 @@ int ChildMcastExit() {
   exit(0);
 }
 
+// "hold-all": holds one of each file a process keeps in the run directory (its slot, the CM's
+// presence, a port claim, a multicast membership), reports 'B', and on the parent's byte leaves
+// by exit().
+int ChildHoldAll() {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 2;
+  bool bound = false;
+  for (int tries = 0; tries < 50 && !bound; ++tries) {
+    sockaddr_storage a = Ip("127.0.0.1", NextPort());
+    bound = rdma_bind_addr(id, Sa(&a)) == 0;
+  }
+  if (!bound || !id->verbs) return 3;
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = pd ? ibv_create_cq(id->verbs, 4, nullptr, nullptr, 0) : nullptr;
+  if (!cq) return 4;
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_UD;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  ibv_gid mgid{};
+  mgid.raw[0] = 0xff;
+  mgid.raw[1] = 0x0e;
+  mgid.raw[15] = 0x43;
+  if (!qp || ibv_attach_mcast(qp, &mgid, 0)) return 5;
+  if (!ChildWrite("B", 1)) return 6;
+  uint8_t b;
+  if (::read(kChildDown, &b, 1) != 1) return 7;
+  exit(0);
+}
+
 int RunChildIfAsked() {
   const char* role = getenv("SOFTRDMA_CM_CHILD");
   if (!role) return 0;
@@ -144,6 +181,8 @@ int RunChildIfAsked() {
     code = ChildListen(false);
   } else if (r == "mcast-exit") {
     code = ChildMcastExit();
+  } else if (r == "hold-all") {
+    code = ChildHoldAll();
   } else if (r == "exit-holding") {
     code = ChildExitHolding();
   } else if (r == "connect") {
@@ -291,6 +330,51 @@ TEST_F(CmProcess, AProcessThatExitsInAMulticastGroupLeavesNoMemberFile) {
   ASSERT_TRUE(child_.Send('x'));
   ASSERT_EQ(child_.Wait(kDeathBound), 0) << "the child did not exit by itself";
   EXPECT_TRUE(members().empty()) << "left in " << dir << ": " << members().front();
+}
+
+// The files under `dir` (recursively), but the directories and the CM's lock file.
+std::vector<std::string> RunFilesUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const std::string& name : FilesIn(dir)) {
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) continue;
+    if (!S_ISDIR(st.st_mode)) {
+      out.push_back(path);
+      continue;
+    }
+    for (const std::string& f : RunFilesUnder(path)) out.push_back(f);
+  }
+  return out;
+}
+
+// A process killed with SIGKILL runs no exit handler: its files stay until another process
+// removes them. Once its surviving peer has exited too, none may be left (issue 4: "after both
+// processes exit no shared-memory object is left"); the survivor used to leave the killed one's
+// slot, CM presence and claim, and multicast membership until some later program started.
+TEST_F(CmProcess, ProcessesLeaveNoFileOfAKilledPeerOnceTheyExit) {
+  std::filesystem::create_directories(RunDir());
+  std::string tmpl = RunDir() + "/killed-peer-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << strerror(errno);
+  const std::string run_dir = tmpl;
+  struct RemoveAtEnd {
+    std::string dir;
+    ~RemoveAtEnd() { std::filesystem::remove_all(dir); }
+  } remove_at_end{run_dir};
+  ChildProcess survivor;
+  ASSERT_TRUE(child_.Start("hold-all", "", run_dir));
+  ASSERT_EQ(child_.Recv(), 'B') << "the child to kill did not set up";
+  ASSERT_TRUE(survivor.Start("hold-all", "", run_dir));
+  ASSERT_EQ(survivor.Recv(), 'B') << "the surviving child did not set up";
+  const size_t held = RunFilesUnder(run_dir).size();
+  EXPECT_GE(held, 8u) << "each child holds a slot, a presence, a claim and a membership";
+
+  child_.Kill();
+  ASSERT_TRUE(survivor.Send('x'));
+  ASSERT_EQ(survivor.Wait(kDeathBound), 0) << "the survivor did not exit by itself";
+  std::string left;
+  for (const std::string& f : RunFilesUnder(run_dir)) left += " " + f;
+  EXPECT_TRUE(left.empty()) << "left:" << left;
 }
 
 }  // namespace

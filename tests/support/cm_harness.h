@@ -439,7 +439,8 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
   ~ChildProcess() { Kill(); }
 
-  bool Start(const std::string& role, const std::string& arg) {
+  // `run_dir`, when given, is the child's SOFTRDMA_RUNDIR.
+  bool Start(const std::string& role, const std::string& arg, const std::string& run_dir = "") {
     int up[2], down[2];
     if (pipe2(up, O_CLOEXEC) != 0) return false;
     if (pipe2(down, O_CLOEXEC) != 0) {
@@ -456,6 +457,7 @@ class ChildProcess {
       dup2(down[0], kChildDown);
       setenv("SOFTRDMA_CM_CHILD", role.c_str(), 1);
       setenv("SOFTRDMA_CM_CHILD_ARG", arg.c_str(), 1);
+      if (!run_dir.empty()) setenv("SOFTRDMA_RUNDIR", run_dir.c_str(), 1);
       char self[] = "/proc/self/exe";
       char* argv[] = {self, nullptr};
       execv(self, argv);
