@@ -854,20 +854,20 @@ void Endpoint::Impl::AcceptShm() {
 }
 
 void Endpoint::Impl::AddShm(const std::shared_ptr<ShmChannel>& ch) {
-  std::lock_guard<std::mutex> g(shm_mu);
+  std::lock_guard g(shm_mu);
   shm.push_back(ch);
   shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
 }
 
 void Endpoint::Impl::RemoveShm(const ShmChannel* ch) {
-  std::lock_guard<std::mutex> g(shm_mu);
+  std::lock_guard g(shm_mu);
   std::erase_if(shm, [&](const auto& c) { return c.get() == ch; });
   shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
 }
 
 bool Endpoint::Impl::ShmRxReady() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return false;
-  std::lock_guard<std::mutex> g(shm_mu);
+  std::lock_guard g(shm_mu);
   for (const auto& ch : shm)
     if (ch->RxReady()) return true;
   return false;
@@ -875,7 +875,7 @@ bool Endpoint::Impl::ShmRxReady() {
 
 bool Endpoint::Impl::ShmPrepareSleep() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return true;
-  std::lock_guard<std::mutex> g(shm_mu);
+  std::lock_guard g(shm_mu);
   bool idle = true;
   for (const auto& ch : shm) idle = ch->PrepareSleep() && idle;
   // SENDs peers placed directly are collected at the round's end (FrameSink::OnBatchEnd).
@@ -884,7 +884,7 @@ bool Endpoint::Impl::ShmPrepareSleep() {
 
 void Endpoint::Impl::ShmAwake() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
-  std::lock_guard<std::mutex> g(shm_mu);
+  std::lock_guard g(shm_mu);
   for (const auto& ch : shm) ch->Awake();
 }
 
@@ -894,7 +894,7 @@ int Endpoint::Impl::ServeShm() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return 0;
   std::vector<std::shared_ptr<ShmChannel>>& ready = shm_ready;  // kept: no allocation per poll
   {
-    std::lock_guard<std::mutex> g(shm_mu);
+    std::lock_guard g(shm_mu);
     for (const auto& ch : shm)
       if (ch->RxReady()) ready.push_back(ch);
   }
@@ -1098,7 +1098,7 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
   shm_polled_ns.store(now, std::memory_order_relaxed);
   if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
     shm_seen_told_ns.store(now, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> g(shm_mu);
+    std::lock_guard g(shm_mu);
     for (const auto& ch : shm) ch->Seen(now);
   }
   if (parked.load() && !ShmPrepareSleep()) Wake();
@@ -1124,13 +1124,14 @@ bool Endpoint::Impl::PollOnce(bool wait) {
       handled += DrainLoopback();
       sink.OnBatchEnd();
       const int64_t now = NowNs();  // after the work: the poll that follows may be µs away
+      poll_clock_ns.store(now, std::memory_order_relaxed);
       RunTimers(now);
       progress_mu.unlock();
       if (handled > 0) PollerActive();
       NoteShmPoll(now);
       return handled > 0;
     }
-    int64_t now = NowNs();  // once per empty poll: it costs as much as the rest of one
+    const int64_t now = EmptyPollNowNs();
     NoteShmPoll(now);
     if (ready) return false;
     // Sockets are asked only now and then: even the one system call of an empty look would delay
