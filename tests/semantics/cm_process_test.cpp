@@ -86,86 +86,75 @@ int ChildConnect(uint16_t port) {
   ChildHold();
 }
 
-// "exit-holding": binds an id to 127.0.0.1 (a port claim in the run directory, next to the CM's
-// presence file), reports 'B', and on the parent's byte leaves by exit() with the id, its channel
-// and the CM still in place, as many programs do.
-int ChildExitHolding() {
+// An id bound to 127.0.0.1 on a free port: a port claim in the run directory, next to the CM's
+// presence file and the process's slot. nullptr if none.
+rdma_cm_id* BoundId() {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
-  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 2;
-  bool bound = false;
-  for (int tries = 0; tries < 50 && !bound; ++tries) {
+  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return nullptr;
+  for (int tries = 0; tries < 50; ++tries) {
     sockaddr_storage a = Ip("127.0.0.1", NextPort());
-    bound = rdma_bind_addr(id, Sa(&a)) == 0;
+    if (rdma_bind_addr(id, Sa(&a)) == 0) return id;
   }
-  if (!bound) return 3;
-  if (!ChildWrite("B", 1)) return 4;
+  return nullptr;
+}
+
+// A UD QP of `ctx` in multicast group ff0e::<last> (a member file in <run dir>/mcast); nullptr if
+// it could not join.
+ibv_qp* MulticastMember(ibv_context* ctx, uint8_t last) {
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = pd ? ibv_create_cq(ctx, 4, nullptr, nullptr, 0) : nullptr;
+  if (!cq) return nullptr;
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_UD;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  ibv_gid mgid{};
+  mgid.raw[0] = 0xff;
+  mgid.raw[1] = 0x0e;
+  mgid.raw[15] = last;
+  return qp && ibv_attach_mcast(qp, &mgid, 0) == 0 ? qp : nullptr;
+}
+
+// On the parent's byte, leaves by exit() with everything still in place, as many programs do;
+// `code` if the byte never comes.
+int ExitOnParentsByte(int code) {
   uint8_t b;
-  if (::read(kChildDown, &b, 1) != 1) return 5;
+  if (::read(kChildDown, &b, 1) != 1) return code;
   exit(0);
 }
 
-// "mcast-exit": a UD QP joins a multicast group (a member file in <run dir>/mcast), reports 'M'
-// and its QPN (4 bytes), and on the parent's byte leaves by exit() without detaching or
-// destroying anything.
+// "exit-holding": binds an id, reports 'B', exits on the parent's byte.
+int ChildExitHolding() {
+  if (!BoundId()) return 3;
+  if (!ChildWrite("B", 1)) return 4;
+  return ExitOnParentsByte(5);
+}
+
+// "mcast-exit": a UD QP joins a multicast group, reports 'M' and its QPN (4 bytes), exits on the
+// parent's byte without detaching or destroying anything.
 int ChildMcastExit() {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   ibv_context* ctx = list && n > 0 ? ibv_open_device(list[0]) : nullptr;
   if (!ctx) return 2;
-  ibv_pd* pd = ibv_alloc_pd(ctx);
-  ibv_cq* cq = pd ? ibv_create_cq(ctx, 4, nullptr, nullptr, 0) : nullptr;
-  if (!cq) return 3;
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_UD;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &qa);
-  if (!qp) return 4;
-  ibv_gid mgid{};
-  mgid.raw[0] = 0xff;
-  mgid.raw[1] = 0x0e;
-  mgid.raw[15] = 0x42;
-  if (ibv_attach_mcast(qp, &mgid, 0)) return 5;
+  ibv_qp* qp = MulticastMember(ctx, 0x42);
+  if (!qp) return 5;
   const uint32_t qpn = qp->qp_num;
   if (!ChildWrite("M", 1) || !ChildWrite(&qpn, 4)) return 6;
-  uint8_t b;
-  if (::read(kChildDown, &b, 1) != 1) return 7;
-  exit(0);
+  return ExitOnParentsByte(7);
 }
 
 // "hold-all": holds one of each file a process keeps in the run directory (its slot, the CM's
-// presence, a port claim, a multicast membership), reports 'B', and on the parent's byte leaves
-// by exit().
+// presence, a port claim, a multicast membership), reports 'B', exits on the parent's byte.
 int ChildHoldAll() {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return 2;
-  bool bound = false;
-  for (int tries = 0; tries < 50 && !bound; ++tries) {
-    sockaddr_storage a = Ip("127.0.0.1", NextPort());
-    bound = rdma_bind_addr(id, Sa(&a)) == 0;
-  }
-  if (!bound || !id->verbs) return 3;
-  ibv_pd* pd = ibv_alloc_pd(id->verbs);
-  ibv_cq* cq = pd ? ibv_create_cq(id->verbs, 4, nullptr, nullptr, 0) : nullptr;
-  if (!cq) return 4;
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_UD;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &qa);
-  ibv_gid mgid{};
-  mgid.raw[0] = 0xff;
-  mgid.raw[1] = 0x0e;
-  mgid.raw[15] = 0x43;
-  if (!qp || ibv_attach_mcast(qp, &mgid, 0)) return 5;
+  rdma_cm_id* id = BoundId();
+  if (!id || !id->verbs) return 3;
+  if (!MulticastMember(id->verbs, 0x43)) return 5;
   if (!ChildWrite("B", 1)) return 6;
-  uint8_t b;
-  if (::read(kChildDown, &b, 1) != 1) return 7;
-  exit(0);
+  return ExitOnParentsByte(7);
 }
 
 int RunChildIfAsked() {
