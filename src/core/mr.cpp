@@ -44,8 +44,8 @@ MrTable::MrTable()
 
 uint32_t MrTable::Insert(const Mr& mr) {
   // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
-  link::SharedMemory::Get().Share(mr.addr, mr.length);
   Mr m = mr;
+  m.shared = link::SharedMemory::Get().Share(mr.addr, mr.length);
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     for (;;) {
@@ -77,30 +77,29 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
-  link::SharedMemory::Get().Unshare(old.addr, old.length);
+  link::SharedMemory::Get().Unshare(old.shared, old.addr, old.length);
   return true;
 }
 
 bool MrTable::Update(uint32_t key, const Mr& mr) {
-  link::SharedMemory::Get().Share(mr.addr, mr.length);
+  Mr m = mr;
+  m.key = key;
+  m.shared = link::SharedMemory::Get().Share(mr.addr, mr.length);
   Mr old;
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     auto it = by_key_.find(key);
     if (it == by_key_.end()) {
       g.unlock();
-      link::SharedMemory::Get().Unshare(mr.addr, mr.length);
+      link::SharedMemory::Get().Unshare(m.shared, mr.addr, mr.length);
       return false;
     }
     old = it->second;
-    it->second = mr;
-    it->second.key = key;
+    it->second = m;
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);
-  link::SharedMemory::Get().Unshare(old.addr, old.length);
-  Mr m = mr;
-  m.key = key;
+  link::SharedMemory::Get().Unshare(old.shared, old.addr, old.length);
   PublishWindow(m);
   return true;
 }

@@ -20,9 +20,10 @@ struct Mr {
   const Pd* pd;
   uint8_t* addr;  // host address of the first byte
   uint64_t length;
-  uint64_t iova;  // the address remote peers use for the first byte
-  int access;     // ibv_access_flags
-  uint32_t key;   // lkey == rkey
+  uint64_t iova;        // the address remote peers use for the first byte
+  int access;           // ibv_access_flags
+  uint32_t key;         // lkey == rkey
+  uint64_t shared = 0;  // link::SharedMemory's id of the range it was moved into (0: none)
 };
 
 // A memory window: remote access to part of a region, under its own key. The key's upper 24 bits

@@ -4,7 +4,6 @@
 #include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,29 +128,6 @@ int SharedMemory::ArenaFd() {
   return EnsureArenaLocked() ? fd_ : -1;
 }
 
-namespace {
-
-// Moving pages changes nothing the application can see: same addresses, same contents. But memory
-// hook libraries (UCX's UCM patches mmap, munmap and mremap in every loaded library) take an
-// mmap(MAP_FIXED) or mremap over a buffer for its unmapping, and drop what they cached for it:
-// the memory region just registered for it, among others. UCX over MPI then registered (and so
-// moved) its rendezvous buffer anew for every message. The moves therefore go to the kernel
-// directly, past such hooks.
-void* MapDirect(void* addr, size_t len, int prot, int flags, int fd, off_t offset) {
-  return reinterpret_cast<void*>(syscall(SYS_mmap, addr, len, prot, flags, fd, offset));
-}
-
-void* RemapDirect(void* from, size_t len, void* to) {
-  return reinterpret_cast<void*>(
-      syscall(SYS_mremap, from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to));
-}
-
-void UnmapDirect(void* addr, size_t len) {
-  syscall(SYS_munmap, addr, len);
-}
-
-}  // namespace
-
 bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset) {
   if (!PrivateAnonymous(start, start + len)) return false;
   if (!EnsureArenaLocked()) return false;
@@ -164,8 +140,8 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
   }
   void* at = reinterpret_cast<void*>(start);
   if (pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
-      MapDirect(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
-                static_cast<off_t>(off)) == MAP_FAILED) {
+      mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(off)) ==
+          MAP_FAILED) {
     Free(off, len);
     return false;
   }
@@ -176,11 +152,11 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
 // Puts private anonymous pages with the same contents in place of the arena's at [start, len):
 // copied aside, then moved over in one mremap, so the range is never unmapped.
 void SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
-  void* fresh = MapDirect(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* fresh = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (fresh == MAP_FAILED) return;  // the pages stay shared: still correct, only not freed
   void* at = reinterpret_cast<void*>(start);
   std::memcpy(fresh, at, len);
-  if (RemapDirect(fresh, len, at) == MAP_FAILED) UnmapDirect(fresh, len);
+  if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) munmap(fresh, len);
 }
 
 // The whole pages of [addr, addr+len), when they are enough to share.
@@ -192,48 +168,82 @@ bool SharedMemory::WholePages(const void* addr, size_t len, uintptr_t* start, ui
   return a + len >= a && *end > *start && *end - *start >= kMinShareBytes;
 }
 
-void SharedMemory::Share(const void* addr, size_t len) {
-  uintptr_t start, end;
-  if (!WholePages(addr, len, &start, &end)) return;
-  std::unique_lock<std::shared_mutex> g(mu_);
-  auto it = ranges_.upper_bound(start);
-  if (it != ranges_.end() && it->first < end) return;  // overlaps a later range: stays private
-  if (it != ranges_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second.len > start) {
-      if (prev->first + prev->second.len >= end) ++prev->second.refs;  // inside it: shared already
-      return;
-    }
-  }
-  uint64_t off;
-  if (MovedOntoArena(start, end - start, &off)) ranges_[start] = Range{end - start, off, 1};
+bool SharedMemory::ArenaMapsLocked(uintptr_t start, const Range& r) const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) return false;
+  const uintptr_t end = start + r.len;
+  uint64_t expect = r.offset;  // the arena offset the next address must map
+  return ForEachMapping(start, end, [&](const Mapping& m) {
+    uintptr_t from = std::max(m.start, start);
+    bool match = m.inode == st.st_ino && m.offset + (from - m.start) == expect;
+    expect += std::min(m.end, end) - from;
+    return match;
+  });
 }
 
-void SharedMemory::Unshare(const void* addr, size_t len) {
+void SharedMemory::RetireLocked(std::map<uintptr_t, Range>::iterator it) {
+  stale_[it->second.id] = it->second;
+  ranges_.erase(it);
+}
+
+void SharedMemory::ReleaseLocked(const Range& r) {
+  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
+            static_cast<off_t>(r.len));
+  Free(r.offset, r.len);
+}
+
+uint64_t SharedMemory::Share(const void* addr, size_t len) {
   uintptr_t start, end;
-  if (!WholePages(addr, len, &start, &end)) return;
+  if (!WholePages(addr, len, &start, &end)) return 0;
   std::unique_lock<std::shared_mutex> g(mu_);
+  // Ranges the new one overlaps: still the arena's, they keep the new region private (or count it,
+  // when it lies inside one); replaced by the application, they retire. Left in place, a buffer
+  // mapped where an unmapped one is still registered read as the old buffer's arena pages (a
+  // registration cache such as UCX's may release a region after its memory was freed and reused).
+  for (;;) {
+    auto it = ranges_.upper_bound(start);
+    if (it != ranges_.end() && it->first < end) {
+      if (ArenaMapsLocked(it->first, it->second)) return 0;  // stays private
+      RetireLocked(it);
+      continue;
+    }
+    if (it == ranges_.begin()) break;
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.len <= start) break;
+    if (!ArenaMapsLocked(prev->first, prev->second)) {
+      RetireLocked(prev);
+      continue;
+    }
+    if (prev->first + prev->second.len < end) return 0;  // straddles its end: stays private
+    ++prev->second.refs;                                 // inside it: shared already
+    return prev->second.id;
+  }
+  uint64_t off;
+  if (!MovedOntoArena(start, end - start, &off)) return 0;
+  const uint64_t id = next_id_++;
+  ranges_[start] = Range{end - start, off, 1, id};
+  return id;
+}
+
+void SharedMemory::Unshare(uint64_t id, const void* addr, size_t len) {
+  uintptr_t start, end;
+  if (id == 0 || !WholePages(addr, len, &start, &end)) return;
+  std::unique_lock<std::shared_mutex> g(mu_);
+  if (auto s = stale_.find(id); s != stale_.end()) {
+    if (--s->second.refs > 0) return;
+    ReleaseLocked(s->second);
+    stale_.erase(s);
+    return;
+  }
   auto it = ranges_.upper_bound(start);
   if (it == ranges_.begin()) return;
   --it;
   Range& r = it->second;
-  if (it->first + r.len < end || --r.refs > 0) return;
+  if (r.id != id || it->first + r.len < end || --r.refs > 0) return;
   // Only pages that are still the arena's go back: the application may have unmapped the buffer
   // before deregistering it, and something else may live at those addresses now.
-  struct stat st {};
-  fstat(fd_, &st);
-  const uintptr_t range_end = it->first + r.len;
-  uint64_t expect = r.offset;  // the arena offset the next address must map
-  bool ours = ForEachMapping(it->first, range_end, [&](const Mapping& m) {
-    uintptr_t from = std::max(m.start, it->first);
-    bool match = m.inode == st.st_ino && m.offset + (from - m.start) == expect;
-    expect += std::min(m.end, range_end) - from;
-    return match;
-  });
-  if (ours) MoveToPrivate(it->first, r.len);
-  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
-            static_cast<off_t>(r.len));
-  Free(r.offset, r.len);
+  if (ArenaMapsLocked(it->first, r)) MoveToPrivate(it->first, r.len);
+  ReleaseLocked(r);
   ranges_.erase(it);
 }
 
@@ -256,6 +266,7 @@ void SharedMemory::AfterForkInChild() {
   std::unique_lock<std::shared_mutex> g(mu_);
   for (auto& [start, r] : ranges_) MoveToPrivate(start, r.len);
   ranges_.clear();
+  stale_.clear();
   holes_.clear();
   arena_bytes_ = 0;
   for (int* fd : {&fd_, &peer_fd_}) {

@@ -31,9 +31,11 @@ class SharedMemory {
   static SharedMemory& Get();
 
   // Best effort: moves the whole pages of [addr, addr+len) onto the arena. Counted: each Share
-  // needs its Unshare.
-  void Share(const void* addr, size_t len);
-  void Unshare(const void* addr, size_t len);
+  // needs its Unshare, given the id Share returned (0: nothing was shared). The id names the
+  // range the region went into: once the application has unmapped a registered buffer, a new one
+  // at the same addresses goes into a range of its own, and each registration releases its own.
+  uint64_t Share(const void* addr, size_t len);
+  void Unshare(uint64_t id, const void* addr, size_t len);
 
   struct Piece {
     bool shared;  // [p, p+len) is in the arena at `offset`
@@ -55,6 +57,7 @@ class SharedMemory {
     size_t len;
     uint64_t offset;
     int refs;
+    uint64_t id;
   };
   static bool WholePages(const void* addr, size_t len, uintptr_t* start, uintptr_t* end);
   bool MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset);
@@ -64,7 +67,16 @@ class SharedMemory {
   void Free(uint64_t offset, size_t len);
 
   mutable std::shared_mutex mu_;
-  std::map<uintptr_t, Range> ranges_;   // by start address; page-aligned, disjoint
+  // Whether the pages of `start`'s range are still the arena's at its offset (the application may
+  // have unmapped them, and something else may live there now).
+  bool ArenaMapsLocked(uintptr_t start, const Range& r) const;
+  // A range whose pages are no longer the arena's leaves `ranges_` (Find no longer reports it) for
+  // `stale_`, where it keeps its arena space until its last registration is released.
+  void RetireLocked(std::map<uintptr_t, Range>::iterator it);
+  void ReleaseLocked(const Range& r);
+  std::map<uintptr_t, Range> ranges_;  // by start address; page-aligned, disjoint
+  std::map<uint64_t, Range> stale_;    // by id
+  uint64_t next_id_ = 1;
   std::map<uint64_t, uint64_t> holes_;  // free arena space: offset → length
   uint64_t arena_bytes_ = 0;
   int fd_ = -1;

@@ -51,7 +51,8 @@ struct Buffer {
 TEST(SharedMemory, ARegionMovesInPlaceWithItsContents) {
   Buffer b;
   SharedMemory& mem = SharedMemory::Get();
-  mem.Share(b.base, kLen);
+  const uint64_t id = mem.Share(b.base, kLen);
+  EXPECT_NE(id, 0u);
   EXPECT_TRUE(b.Intact());
   EXPECT_NE(MappingOf(b.base).find("memfd:softrdma-mem"), std::string::npos);
   SharedMemory::Piece p = mem.Find(b.base + 100, 5000);
@@ -64,7 +65,7 @@ TEST(SharedMemory, ARegionMovesInPlaceWithItsContents) {
   ASSERT_EQ(pread(fd, got, sizeof got, static_cast<off_t>(p.offset)), 64);
   EXPECT_EQ(std::memcmp(got, b.base + 100, 64), 0);
   EXPECT_EQ(write(fd, got, 1), -1) << "peers get a read-only descriptor";
-  mem.Unshare(b.base, kLen);
+  mem.Unshare(id, b.base, kLen);
   EXPECT_TRUE(b.Intact());
   EXPECT_EQ(MappingOf(b.base), "");
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
@@ -75,27 +76,28 @@ TEST(SharedMemory, OnlyWholePagesMoveAndSmallRegionsStay) {
   SharedMemory& mem = SharedMemory::Get();
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   uint8_t* start = b.base + 100;  // a partial first page
-  mem.Share(start, kLen - 200);
+  const uint64_t id = mem.Share(start, kLen - 200);
   SharedMemory::Piece head = mem.Find(start, kLen);
   EXPECT_FALSE(head.shared);
   EXPECT_EQ(head.len, page - 100);
   SharedMemory::Piece body = mem.Find(b.base + page, kLen);
   EXPECT_TRUE(body.shared);
   EXPECT_EQ(body.len, kLen - 2 * page);
-  mem.Unshare(start, kLen - 200);
+  mem.Unshare(id, start, kLen - 200);
   EXPECT_TRUE(b.Intact());
-  mem.Share(b.base, SharedMemory::kMinShareBytes - 1);
+  EXPECT_EQ(mem.Share(b.base, SharedMemory::kMinShareBytes - 1), 0u);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
 }
 
 TEST(SharedMemory, NestedRegistrationsAreCounted) {
   Buffer b;
   SharedMemory& mem = SharedMemory::Get();
-  mem.Share(b.base, kLen);
-  mem.Share(b.base + kLen / 2, kLen / 4);  // inside the first
-  mem.Unshare(b.base, kLen);
+  const uint64_t outer = mem.Share(b.base, kLen);
+  const uint64_t inner = mem.Share(b.base + kLen / 2, kLen / 4);  // inside the first
+  EXPECT_EQ(inner, outer);
+  mem.Unshare(outer, b.base, kLen);
   EXPECT_TRUE(mem.Find(b.base, 10).shared) << "the inner registration still holds the pages";
-  mem.Unshare(b.base + kLen / 2, kLen / 4);
+  mem.Unshare(inner, b.base + kLen / 2, kLen / 4);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
   EXPECT_TRUE(b.Intact());
 }
@@ -106,7 +108,7 @@ TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
   ASSERT_EQ(ftruncate(fileno(f), kLen), 0);
   void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(f), 0);
   ASSERT_NE(m, MAP_FAILED);
-  SharedMemory::Get().Share(m, kLen);
+  EXPECT_EQ(SharedMemory::Get().Share(m, kLen), 0u);
   EXPECT_FALSE(SharedMemory::Get().Find(m, 10).shared);
   munmap(m, kLen);
   fclose(f);
@@ -115,14 +117,49 @@ TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
 TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
   SharedMemory& mem = SharedMemory::Get();
   void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  mem.Share(m, kLen);
+  const uint64_t id = mem.Share(m, kLen);
   munmap(m, kLen);  // the application freed the buffer first
   void* again =
       mmap(m, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   ASSERT_EQ(again, m);
   std::memset(again, 0x5a, kLen);
-  mem.Unshare(m, kLen);
+  mem.Unshare(id, m, kLen);
   EXPECT_EQ(static_cast<uint8_t*>(again)[kLen - 1], 0x5a);
+  EXPECT_EQ(MappingOf(again), "");
+  munmap(again, kLen);
+}
+
+// As UCX does: a buffer is freed while its registration lives on (released later), and the next
+// buffer, at the same addresses, is registered. It must not read as the old one's arena pages.
+TEST(SharedMemory, ABufferRegisteredWhereAnUnmappedOneStillIsGetsItsOwnPages) {
+  SharedMemory& mem = SharedMemory::Get();
+  auto* m = static_cast<uint8_t*>(
+      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(m, MAP_FAILED);
+  std::memset(m, 0x11, kLen);
+  const uint64_t old_id = mem.Share(m, kLen);
+  ASSERT_NE(old_id, 0u);
+  munmap(m, kLen);
+  auto* again = static_cast<uint8_t*>(
+      mmap(m, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0));
+  ASSERT_EQ(again, m);
+  std::memset(again, 0x22, kLen);
+  const uint64_t new_id = mem.Share(again, kLen);
+  EXPECT_NE(new_id, old_id);
+
+  // A peer reads what Find names: the new buffer's bytes, from the arena or in place.
+  SharedMemory::Piece p = mem.Find(again, kLen);
+  if (p.shared) {
+    uint8_t got = 0;
+    ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(p.offset)), 1);
+    EXPECT_EQ(got, 0x22) << "the new buffer reads as the unmapped one's pages";
+  }
+  mem.Unshare(old_id, m, kLen);  // the old registration goes last-but-one: the new one stays
+  EXPECT_EQ(mem.Find(again, 10).shared, p.shared);
+  EXPECT_EQ(again[0], 0x22);
+  mem.Unshare(new_id, again, kLen);
+  EXPECT_FALSE(mem.Find(again, 10).shared);
+  EXPECT_EQ(again[kLen - 1], 0x22);
   EXPECT_EQ(MappingOf(again), "");
   munmap(again, kLen);
 }
@@ -130,7 +167,7 @@ TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
 TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   Buffer b;
   SharedMemory& mem = SharedMemory::Get();
-  mem.Share(b.base, kLen);
+  const uint64_t id = mem.Share(b.base, kLen);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -143,7 +180,7 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
   EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
-  mem.Unshare(b.base, kLen);
+  mem.Unshare(id, b.base, kLen);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Fixture {
   Fixture() {
     void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     base = static_cast<uint8_t*>(m);
-    SharedMemory::Get().Share(base, kLen);
+    shared = SharedMemory::Get().Share(base, kLen);
     SharedWindows& w = SharedWindows::Get();
     w.Publish(kKey, kDomain, reinterpret_cast<uintptr_t>(base), base, kLen, kRecvRight);
     w.SetEndpoint(kEndpoint, kDomain, kRecvRight);
@@ -40,10 +40,11 @@ struct Fixture {
     w.ReleaseRecvQueue(own_queue);
     w.Withdraw(kKey);
     delete peer;
-    SharedMemory::Get().Unshare(base, kLen);
+    SharedMemory::Get().Unshare(shared, base, kLen);
     munmap(base, kLen);
   }
   uint8_t* base;
+  uint64_t shared;
   DirectRecvQueue* own_queue;
   PeerWindows* peer;
 };
