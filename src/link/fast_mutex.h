@@ -14,7 +14,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "link/thread_sanitizer.h"
+#include "link/sanitizers.h"
 
 namespace softrdma::link {
 

@@ -28,7 +28,7 @@
 #include <cstddef>
 #include <ctime>
 
-#include "link/thread_sanitizer.h"
+#include "link/sanitizers.h"
 
 namespace softrdma::sys {
 

@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/host_identity.h"
+
 namespace cmtest {
 
 using Clock = std::chrono::steady_clock;
@@ -378,8 +380,7 @@ class CmTest : public ::testing::Test {
 };
 
 inline std::string RunDir() {
-  const char* run = getenv("SOFTRDMA_RUNDIR");
-  return run ? run : "/dev/shm/softrdma";
+  return softrdma::core::RunDirectory();
 }
 
 // The names of the files in `dir`, without the dot files.

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "link/thread_sanitizer.h"
+#include "link/sanitizers.h"
 
 namespace semantics {
 

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <memory>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -16,7 +15,7 @@ namespace {
 using softrdma::link::FutexMutex;
 
 // The build uses std::mutex for FastMutex under ThreadSanitizer (link/fast_mutex.h).
-constexpr bool kUnderTsan = !std::is_same_v<softrdma::link::FastMutex, FutexMutex>;
+constexpr bool kUnderTsan = softrdma::kThreadSanitizer;
 
 TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsAfter) {
   FutexMutex m;

@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "core/host_identity.h"
+
 namespace {
 
 using softrdma::core::NamesFile;
@@ -21,8 +23,7 @@ using softrdma::core::RemoveIfAbandoned;
 class HeldFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* run = getenv("SOFTRDMA_RUNDIR");
-    std::string parent = run ? run : "/dev/shm/softrdma";
+    const std::string parent = softrdma::core::RunDirectory();
     std::filesystem::create_directories(parent);
     std::string tmpl = parent + "/held-file-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);

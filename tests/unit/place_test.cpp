@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "link/thread_sanitizer.h"
+#include "link/sanitizers.h"
 
 namespace softrdma::link {
 namespace {
