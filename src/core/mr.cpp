@@ -77,7 +77,7 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
-  link::SharedMemory::Get().Unshare(old.shared, old.addr, old.length);
+  link::SharedMemory::Get().Unshare(old.shared);
   return true;
 }
 
@@ -91,7 +91,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     auto it = by_key_.find(key);
     if (it == by_key_.end()) {
       g.unlock();
-      link::SharedMemory::Get().Unshare(m.shared, mr.addr, mr.length);
+      link::SharedMemory::Get().Unshare(m.shared);
       return false;
     }
     old = it->second;
@@ -99,7 +99,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);
-  link::SharedMemory::Get().Unshare(old.shared, old.addr, old.length);
+  link::SharedMemory::Get().Unshare(old.shared);
   PublishWindow(m);
   return true;
 }

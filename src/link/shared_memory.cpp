@@ -196,55 +196,60 @@ uint64_t SharedMemory::Share(const void* addr, size_t len) {
   uintptr_t start, end;
   if (!WholePages(addr, len, &start, &end)) return 0;
   std::unique_lock<std::shared_mutex> g(mu_);
-  // Ranges the new one overlaps: still the arena's, they keep the new region private (or count it,
-  // when it lies inside one); replaced by the application, they retire. Left in place, a buffer
-  // mapped where an unmapped one is still registered read as the old buffer's arena pages (a
-  // registration cache such as UCX's may release a region after its memory was freed and reused).
-  for (;;) {
-    auto it = ranges_.upper_bound(start);
-    if (it != ranges_.end() && it->first < end) {
-      if (ArenaMapsLocked(it->first, it->second)) return 0;  // stays private
+  // The ranges the new region overlaps: still the arena's, it holds each of them and stays where
+  // it is; replaced by the application, they retire. Left in place, a buffer mapped where an
+  // unmapped one is still registered read as the old buffer's arena pages (a registration cache
+  // such as UCX's may release a region after its memory was freed and reused).
+  std::vector<Held> held;
+  auto it = ranges_.upper_bound(start);
+  if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.len > start) --it;
+  while (it != ranges_.end() && it->first < end) {
+    if (!ArenaMapsLocked(it->first, it->second)) {
+      auto next = std::next(it);
       RetireLocked(it);
+      it = next;
       continue;
     }
-    if (it == ranges_.begin()) break;
-    auto prev = std::prev(it);
-    if (prev->first + prev->second.len <= start) break;
-    if (!ArenaMapsLocked(prev->first, prev->second)) {
-      RetireLocked(prev);
-      continue;
-    }
-    if (prev->first + prev->second.len < end) return 0;  // straddles its end: stays private
-    ++prev->second.refs;                                 // inside it: shared already
-    return prev->second.id;
+    held.push_back(Held{it->first, it->second.id});
+    ++it;
   }
-  uint64_t off;
-  if (!MovedOntoArena(start, end - start, &off)) return 0;
+  if (held.empty()) {
+    uint64_t off;
+    if (!MovedOntoArena(start, end - start, &off)) return 0;
+    const uint64_t range_id = next_id_++;
+    ranges_[start] = Range{end - start, off, 0, range_id};
+    held.push_back(Held{start, range_id});
+  }
+  for (const Held& h : held) ++ranges_[h.start].refs;
   const uint64_t id = next_id_++;
-  ranges_[start] = Range{end - start, off, 1, id};
+  registrations_.emplace(id, std::move(held));
   return id;
 }
 
-void SharedMemory::Unshare(uint64_t id, const void* addr, size_t len) {
-  uintptr_t start, end;
-  if (id == 0 || !WholePages(addr, len, &start, &end)) return;
-  std::unique_lock<std::shared_mutex> g(mu_);
-  if (auto s = stale_.find(id); s != stale_.end()) {
-    if (--s->second.refs > 0) return;
-    ReleaseLocked(s->second);
-    stale_.erase(s);
+void SharedMemory::DropLocked(uintptr_t start, uint64_t id) {
+  if (auto it = ranges_.find(start); it != ranges_.end() && it->second.id == id) {
+    Range& r = it->second;
+    if (--r.refs > 0) return;
+    // Only pages that are still the arena's go back: the application may have unmapped the buffer
+    // before deregistering it, and something else may live at those addresses now.
+    if (ArenaMapsLocked(start, r)) MoveToPrivate(start, r.len);
+    ReleaseLocked(r);
+    ranges_.erase(it);
     return;
   }
-  auto it = ranges_.upper_bound(start);
-  if (it == ranges_.begin()) return;
-  --it;
-  Range& r = it->second;
-  if (r.id != id || it->first + r.len < end || --r.refs > 0) return;
-  // Only pages that are still the arena's go back: the application may have unmapped the buffer
-  // before deregistering it, and something else may live at those addresses now.
-  if (ArenaMapsLocked(it->first, r)) MoveToPrivate(it->first, r.len);
-  ReleaseLocked(r);
-  ranges_.erase(it);
+  if (auto s = stale_.find(id); s != stale_.end() && --s->second.refs == 0) {
+    ReleaseLocked(s->second);
+    stale_.erase(s);
+  }
+}
+
+void SharedMemory::Unshare(uint64_t id) {
+  if (id == 0) return;
+  std::unique_lock<std::shared_mutex> g(mu_);
+  auto reg = registrations_.find(id);
+  if (reg == registrations_.end()) return;  // made before a fork(): the child has no arena
+  for (const Held& h : reg->second) DropLocked(h.start, h.id);
+  registrations_.erase(reg);
 }
 
 SharedMemory::Piece SharedMemory::Find(const void* p, size_t n) const {
@@ -267,6 +272,7 @@ void SharedMemory::AfterForkInChild() {
   for (auto& [start, r] : ranges_) MoveToPrivate(start, r.len);
   ranges_.clear();
   stale_.clear();
+  registrations_.clear();
   holes_.clear();
   arena_bytes_ = 0;
   for (int* fd : {&fd_, &peer_fd_}) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <shared_mutex>
+#include <vector>
 
 namespace softrdma::link {
 
@@ -30,12 +31,15 @@ class SharedMemory {
 
   static SharedMemory& Get();
 
-  // Best effort: moves the whole pages of [addr, addr+len) onto the arena. Counted: each Share
-  // needs its Unshare, given the id Share returned (0: nothing was shared). The id names the
-  // range the region went into: once the application has unmapped a registered buffer, a new one
-  // at the same addresses goes into a range of its own, and each registration releases its own.
+  // Best effort: moves the whole pages of [addr, addr+len) onto the arena, unless some of them
+  // are there already. Returns the registration's id (0: none of it is shared), to be given to
+  // Unshare. A registration holds every shared range it overlaps, so the parts of it that Find
+  // reports shared (and peers were told of) stay the arena's until it is released: a region that
+  // outgrows an earlier one (a registration cache merging neighbours) keeps the earlier one's
+  // pages in the arena after that one is deregistered. Once the application has unmapped a
+  // registered buffer, a new one at the same addresses goes into a range of its own.
   uint64_t Share(const void* addr, size_t len);
-  void Unshare(uint64_t id, const void* addr, size_t len);
+  void Unshare(uint64_t id);
 
   struct Piece {
     bool shared;  // [p, p+len) is in the arena at `offset`
@@ -74,8 +78,15 @@ class SharedMemory {
   // `stale_`, where it keeps its arena space until its last registration is released.
   void RetireLocked(std::map<uintptr_t, Range>::iterator it);
   void ReleaseLocked(const Range& r);
-  std::map<uintptr_t, Range> ranges_;  // by start address; page-aligned, disjoint
-  std::map<uint64_t, Range> stale_;    // by id
+  // Drops one reference to the range `id` that began at `start`.
+  void DropLocked(uintptr_t start, uint64_t id);
+  struct Held {
+    uintptr_t start;
+    uint64_t id;
+  };
+  std::map<uintptr_t, Range> ranges_;                    // by start address; page-aligned, disjoint
+  std::map<uint64_t, Range> stale_;                      // by id
+  std::map<uint64_t, std::vector<Held>> registrations_;  // by registration id: the ranges it holds
   uint64_t next_id_ = 1;
   std::map<uint64_t, uint64_t> holes_;  // free arena space: offset → length
   uint64_t arena_bytes_ = 0;

@@ -65,7 +65,7 @@ TEST(SharedMemory, ARegionMovesInPlaceWithItsContents) {
   ASSERT_EQ(pread(fd, got, sizeof got, static_cast<off_t>(p.offset)), 64);
   EXPECT_EQ(std::memcmp(got, b.base + 100, 64), 0);
   EXPECT_EQ(write(fd, got, 1), -1) << "peers get a read-only descriptor";
-  mem.Unshare(id, b.base, kLen);
+  mem.Unshare(id);
   EXPECT_TRUE(b.Intact());
   EXPECT_EQ(MappingOf(b.base), "");
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
@@ -83,7 +83,7 @@ TEST(SharedMemory, OnlyWholePagesMoveAndSmallRegionsStay) {
   SharedMemory::Piece body = mem.Find(b.base + page, kLen);
   EXPECT_TRUE(body.shared);
   EXPECT_EQ(body.len, kLen - 2 * page);
-  mem.Unshare(id, start, kLen - 200);
+  mem.Unshare(id);
   EXPECT_TRUE(b.Intact());
   EXPECT_EQ(mem.Share(b.base, SharedMemory::kMinShareBytes - 1), 0u);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
@@ -94,12 +94,40 @@ TEST(SharedMemory, NestedRegistrationsAreCounted) {
   SharedMemory& mem = SharedMemory::Get();
   const uint64_t outer = mem.Share(b.base, kLen);
   const uint64_t inner = mem.Share(b.base + kLen / 2, kLen / 4);  // inside the first
-  EXPECT_EQ(inner, outer);
-  mem.Unshare(outer, b.base, kLen);
+  EXPECT_NE(inner, 0u);
+  mem.Unshare(outer);
   EXPECT_TRUE(mem.Find(b.base, 10).shared) << "the inner registration still holds the pages";
-  mem.Unshare(inner, b.base + kLen / 2, kLen / 4);
+  mem.Unshare(inner);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
   EXPECT_TRUE(b.Intact());
+}
+
+// As a registration cache does when it merges neighbours: a region registered over an earlier,
+// smaller one. Peers were told where the earlier one's pages are in the arena when the larger one
+// was published; deregistering the earlier one must leave them there, holding the buffer's bytes.
+TEST(SharedMemory, ARegionOutgrowingAnEarlierOneKeepsItsPagesWhenThatOneGoes) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  const uint64_t first = mem.Share(b.base, kLen / 2);
+  ASSERT_NE(first, 0u);
+  const uint64_t merged = mem.Share(b.base, kLen);
+  const SharedMemory::Piece told = mem.Find(b.base, kLen);  // what its window says
+  ASSERT_TRUE(told.shared);
+  EXPECT_EQ(told.len, kLen / 2);
+  EXPECT_FALSE(mem.Find(b.base + kLen / 2, 10).shared) << "the rest stays private";
+
+  mem.Unshare(first);
+  std::memset(b.base, 0x3c, 4096);  // the application writes; a peer must see it
+  uint8_t got = 0;
+  ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(told.offset)), 1);
+  EXPECT_EQ(got, 0x3c) << "the earlier region's pages left the arena under the larger one";
+  EXPECT_TRUE(mem.Find(b.base, 10).shared);
+
+  mem.Unshare(merged);
+  EXPECT_FALSE(mem.Find(b.base, 10).shared);
+  EXPECT_EQ(MappingOf(b.base), "");
+  EXPECT_EQ(b.base[0], 0x3c);
+  EXPECT_EQ(b.base[kLen - 1], static_cast<uint8_t>((kLen - 1) * 7));
 }
 
 TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
@@ -123,7 +151,7 @@ TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
       mmap(m, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   ASSERT_EQ(again, m);
   std::memset(again, 0x5a, kLen);
-  mem.Unshare(id, m, kLen);
+  mem.Unshare(id);
   EXPECT_EQ(static_cast<uint8_t*>(again)[kLen - 1], 0x5a);
   EXPECT_EQ(MappingOf(again), "");
   munmap(again, kLen);
@@ -154,10 +182,10 @@ TEST(SharedMemory, ABufferRegisteredWhereAnUnmappedOneStillIsGetsItsOwnPages) {
     ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(p.offset)), 1);
     EXPECT_EQ(got, 0x22) << "the new buffer reads as the unmapped one's pages";
   }
-  mem.Unshare(old_id, m, kLen);  // the old registration goes last-but-one: the new one stays
+  mem.Unshare(old_id);  // the old registration goes last-but-one: the new one stays
   EXPECT_EQ(mem.Find(again, 10).shared, p.shared);
   EXPECT_EQ(again[0], 0x22);
-  mem.Unshare(new_id, again, kLen);
+  mem.Unshare(new_id);
   EXPECT_FALSE(mem.Find(again, 10).shared);
   EXPECT_EQ(again[kLen - 1], 0x22);
   EXPECT_EQ(MappingOf(again), "");
@@ -180,7 +208,7 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
   EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
-  mem.Unshare(id, b.base, kLen);
+  mem.Unshare(id);
 }
 
 }  // namespace
