@@ -23,7 +23,7 @@ struct Mr {
   uint64_t iova;        // the address remote peers use for the first byte
   int access;           // ibv_access_flags
   uint32_t key;         // lkey == rkey
-  uint64_t shared = 0;  // its link::SharedMemory registration (0: no page of it shared)
+  uint64_t shared = 0;  // its link::SharedMemory registration
 };
 
 // A memory window: remote access to part of a region, under its own key. The key's upper 24 bits

@@ -192,37 +192,48 @@ void SharedMemory::ReleaseLocked(const Range& r) {
   Free(r.offset, r.len);
 }
 
+bool SharedMemory::RegisteredElsewhereLocked(uintptr_t start, uintptr_t end) const {
+  auto it = spans_.lower_bound(start > widest_span_ ? start - widest_span_ : 0);
+  for (; it != spans_.end() && it->first < end; ++it)
+    if (it->second > start) return true;
+  return false;
+}
+
 uint64_t SharedMemory::Share(const void* addr, size_t len) {
-  uintptr_t start, end;
-  if (!WholePages(addr, len, &start, &end)) return 0;
+  const size_t page = PageBytes();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  if (len == 0 || a + len < a) return 0;
+  Registration reg{a & ~(page - 1), (a + len + page - 1) & ~(page - 1), {}};
   std::unique_lock<std::shared_mutex> g(mu_);
-  // The ranges the new region overlaps: still the arena's, it holds each of them and stays where
-  // it is; replaced by the application, they retire. Left in place, a buffer mapped where an
-  // unmapped one is still registered read as the old buffer's arena pages (a registration cache
-  // such as UCX's may release a region after its memory was freed and reused).
-  std::vector<Held> held;
-  auto it = ranges_.upper_bound(start);
-  if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.len > start) --it;
-  while (it != ranges_.end() && it->first < end) {
+  // The ranges its bytes touch: still the arena's, it holds each of them; replaced by the
+  // application, they retire. Left in place, a buffer mapped where an unmapped one is still
+  // registered read as the old buffer's arena pages (a registration cache such as UCX's may
+  // release a region after its memory was freed and reused).
+  auto it = ranges_.upper_bound(reg.lo);
+  if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.len > reg.lo) --it;
+  while (it != ranges_.end() && it->first < reg.hi) {
     if (!ArenaMapsLocked(it->first, it->second)) {
       auto next = std::next(it);
       RetireLocked(it);
       it = next;
       continue;
     }
-    held.push_back(Held{it->first, it->second.id});
+    reg.held.push_back(Held{it->first, it->second.id});
     ++it;
   }
-  if (held.empty()) {
-    uint64_t off;
-    if (!MovedOntoArena(start, end - start, &off)) return 0;
+  uintptr_t start, end;
+  uint64_t off;
+  if (reg.held.empty() && WholePages(addr, len, &start, &end) &&
+      !RegisteredElsewhereLocked(start, end) && MovedOntoArena(start, end - start, &off)) {
     const uint64_t range_id = next_id_++;
     ranges_[start] = Range{end - start, off, 0, range_id};
-    held.push_back(Held{start, range_id});
+    reg.held.push_back(Held{start, range_id});
   }
-  for (const Held& h : held) ++ranges_[h.start].refs;
+  for (const Held& h : reg.held) ++ranges_[h.start].refs;
+  spans_.emplace(reg.lo, reg.hi);
+  widest_span_ = std::max(widest_span_, reg.hi - reg.lo);
   const uint64_t id = next_id_++;
-  registrations_.emplace(id, std::move(held));
+  registrations_.emplace(id, std::move(reg));
   return id;
 }
 
@@ -248,7 +259,12 @@ void SharedMemory::Unshare(uint64_t id) {
   std::unique_lock<std::shared_mutex> g(mu_);
   auto reg = registrations_.find(id);
   if (reg == registrations_.end()) return;  // made before a fork(): the child has no arena
-  for (const Held& h : reg->second) DropLocked(h.start, h.id);
+  for (auto [span, last] = spans_.equal_range(reg->second.lo); span != last; ++span) {
+    if (span->second != reg->second.hi) continue;
+    spans_.erase(span);
+    break;
+  }
+  for (const Held& h : reg->second.held) DropLocked(h.start, h.id);
   registrations_.erase(reg);
 }
 
@@ -273,6 +289,7 @@ void SharedMemory::AfterForkInChild() {
   ranges_.clear();
   stale_.clear();
   registrations_.clear();
+  spans_.clear();
   holes_.clear();
   arena_bytes_ = 0;
   for (int* fd : {&fd_, &peer_fd_}) {

@@ -31,13 +31,18 @@ class SharedMemory {
 
   static SharedMemory& Get();
 
-  // Best effort: moves the whole pages of [addr, addr+len) onto the arena, unless some of them
-  // are there already. Returns the registration's id (0: none of it is shared), to be given to
-  // Unshare. A registration holds every shared range it overlaps, so the parts of it that Find
-  // reports shared (and peers were told of) stay the arena's until it is released: a region that
-  // outgrows an earlier one (a registration cache merging neighbours) keeps the earlier one's
-  // pages in the arena after that one is deregistered. Once the application has unmapped a
-  // registered buffer, a new one at the same addresses goes into a range of its own.
+  // Registers [addr, addr+len) (every registered region is, whatever its size) and, best effort,
+  // moves its whole pages onto the arena. Returns the id to give Unshare.
+  // - A registration holds every shared range its bytes touch, so what Find reports shared inside
+  //   it (and peers were told of) stays the arena's until it is released: a region that outgrows
+  //   an earlier one (a registration cache merging neighbours) keeps the earlier one's pages in
+  //   the arena after that one is deregistered.
+  // - Pages move only when no other registration touches them: a registered buffer may be taken
+  //   by I/O at any moment (a peer's WRITE, a READ response placed by the progress thread), and a
+  //   write landing between the copy and the remap would be lost. A registration cache rounds
+  //   regions out to whole pages, so a new region often covers part of another one.
+  // - Once the application has unmapped a registered buffer, a new one at the same addresses goes
+  //   into a range of its own.
   uint64_t Share(const void* addr, size_t len);
   void Unshare(uint64_t id);
 
@@ -84,9 +89,17 @@ class SharedMemory {
     uintptr_t start;
     uint64_t id;
   };
-  std::map<uintptr_t, Range> ranges_;                    // by start address; page-aligned, disjoint
-  std::map<uint64_t, Range> stale_;                      // by id
-  std::map<uint64_t, std::vector<Held>> registrations_;  // by registration id: the ranges it holds
+  struct Registration {
+    uintptr_t lo, hi;  // the pages its bytes touch
+    std::vector<Held> held;
+  };
+  // Whether a live registration touches a page of [start, end).
+  bool RegisteredElsewhereLocked(uintptr_t start, uintptr_t end) const;
+  std::map<uintptr_t, Range> ranges_;               // by start address; page-aligned, disjoint
+  std::map<uint64_t, Range> stale_;                 // by id
+  std::map<uint64_t, Registration> registrations_;  // by id
+  std::multimap<uintptr_t, uintptr_t> spans_;       // every registration's pages: lo → hi
+  uintptr_t widest_span_ = 0;                       // bounds the search of spans_ to the left
   uint64_t next_id_ = 1;
   std::map<uint64_t, uint64_t> holes_;  // free arena space: offset → length
   uint64_t arena_bytes_ = 0;

@@ -85,8 +85,9 @@ TEST(SharedMemory, OnlyWholePagesMoveAndSmallRegionsStay) {
   EXPECT_EQ(body.len, kLen - 2 * page);
   mem.Unshare(id);
   EXPECT_TRUE(b.Intact());
-  EXPECT_EQ(mem.Share(b.base, SharedMemory::kMinShareBytes - 1), 0u);
+  const uint64_t small = mem.Share(b.base, SharedMemory::kMinShareBytes - 1);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
+  mem.Unshare(small);
 }
 
 TEST(SharedMemory, NestedRegistrationsAreCounted) {
@@ -130,14 +131,52 @@ TEST(SharedMemory, ARegionOutgrowingAnEarlierOneKeepsItsPagesWhenThatOneGoes) {
   EXPECT_EQ(b.base[kLen - 1], static_cast<uint8_t>((kLen - 1) * 7));
 }
 
+// A region too small to move, registered inside a shared one: its window names the shared one's
+// arena pages, which must stay when the shared one is deregistered first.
+TEST(SharedMemory, ASmallRegionInsideASharedOneKeepsItsPagesWhenThatOneGoes) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  const uint64_t big = mem.Share(b.base, kLen);
+  const uint64_t small = mem.Share(b.base + 100, 200);
+  const SharedMemory::Piece told = mem.Find(b.base + 100, 200);
+  ASSERT_TRUE(told.shared);
+  mem.Unshare(big);
+  b.base[100] = 0x3c;
+  uint8_t got = 0;
+  ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(told.offset)), 1);
+  EXPECT_EQ(got, 0x3c) << "the shared region's pages left the arena under the small one";
+  mem.Unshare(small);
+  EXPECT_FALSE(mem.Find(b.base, 10).shared);
+  EXPECT_EQ(MappingOf(b.base), "");
+}
+
+// A registered buffer may be written by I/O at any moment; moving its pages (copy, then remap)
+// would lose a write landing in between. A region covering part of another one's pages (a
+// registration cache rounds regions out to whole pages) therefore stays where it is.
+TEST(SharedMemory, PagesAnotherRegistrationTouchesDoNotMove) {
+  Buffer b;
+  SharedMemory& mem = SharedMemory::Get();
+  const uint64_t small = mem.Share(b.base + kLen / 2 + 100, 200);  // private, in use
+  const uint64_t big = mem.Share(b.base, kLen);
+  EXPECT_FALSE(mem.Find(b.base, kLen).shared);
+  EXPECT_EQ(MappingOf(b.base), "");
+  mem.Unshare(big);
+  mem.Unshare(small);
+  const uint64_t alone = mem.Share(b.base, kLen);
+  EXPECT_TRUE(mem.Find(b.base, kLen).shared) << "with the other one gone, the pages move";
+  mem.Unshare(alone);
+  EXPECT_TRUE(b.Intact());
+}
+
 TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
   FILE* f = tmpfile();
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(ftruncate(fileno(f), kLen), 0);
   void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(f), 0);
   ASSERT_NE(m, MAP_FAILED);
-  EXPECT_EQ(SharedMemory::Get().Share(m, kLen), 0u);
+  const uint64_t id = SharedMemory::Get().Share(m, kLen);
   EXPECT_FALSE(SharedMemory::Get().Find(m, 10).shared);
+  SharedMemory::Get().Unshare(id);
   munmap(m, kLen);
   fclose(f);
 }
