@@ -727,6 +727,22 @@ srdma_cleanup() {
 	SRDMA_CLEANUP_HOOKS=()
 }
 
+# srdma_devnode: UCX lists an IB device only when /dev/infiniband/<dev_name> is a character device
+# (docs/compatibility.md, "UCX"). Makes it when missing (root only) and removes it at cleanup,
+# also on a signal; one that was there already stays.
+SRDMA_MADE_DEVNODE=0
+srdma_devnode() {
+	[[ -c /dev/infiniband/uverbs_softrdma0 ]] && return 0
+	SRDMA_CLEANUP_HOOKS+=(_srdma_remove_devnode)
+	"$SOFTRDMA_BIN" devnode || srdma_die "softrdma devnode failed"
+	SRDMA_MADE_DEVNODE=1
+}
+
+_srdma_remove_devnode() {
+	((SRDMA_MADE_DEVNODE)) && "$SOFTRDMA_BIN" devnode --remove
+	SRDMA_MADE_DEVNODE=0
+}
+
 # srdma_private_rundir: give this run its own SOFTRDMA_RUNDIR (slots and CM
 # listener registry) unless the caller set one, so that fixed ports (udaddy's
 # 7174) and other runs on the machine never meet ours. Removed at cleanup.

@@ -31,7 +31,6 @@ fi
 
 T_BUDGET=${SOFTRDMA_TEST_BUDGET:-200}
 CASE_TMO=60
-NODE=/dev/infiniband/uverbs_softrdma0
 
 SNS= # the server's namespace
 CNS= # the client's
@@ -52,17 +51,7 @@ if ((NETNS)); then
 	SERVER_ADDR=$ADDR_A
 fi
 
-# The node is made only when missing, and then removed at cleanup (also on a signal).
-made_node=0
-remove_node() {
-	((made_node)) && "$SOFTRDMA_BIN" devnode --remove
-	made_node=0
-}
-if ((!LIST)) && [[ ! -c $NODE ]]; then
-	SRDMA_CLEANUP_HOOKS+=(remove_node)
-	"$SOFTRDMA_BIN" devnode || srdma_die "softrdma devnode failed"
-	made_node=1
-fi
+((LIST)) || srdma_devnode
 
 # run_case NAME LINK TEST ARGS...: ucx_perftest TEST between two processes; LINK "auto" (shared
 # memory on one host, TCP across namespaces) or "tcp". Passes when both sides exit 0 and the client prints its results.
