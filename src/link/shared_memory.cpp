@@ -140,8 +140,8 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
   }
   void* at = reinterpret_cast<void*>(start);
   if (pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
-      mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(off)) ==
-          MAP_FAILED) {
+      mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
+           static_cast<off_t>(off)) == MAP_FAILED) {
     Free(off, len);
     return false;
   }
@@ -152,7 +152,8 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
 // Puts private anonymous pages with the same contents in place of the arena's at [start, len):
 // copied aside, then moved over in one mremap, so the range is never unmapped.
 void SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
-  void* fresh = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* fresh =
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (fresh == MAP_FAILED) return;  // the pages stay shared: still correct, only not freed
   void* at = reinterpret_cast<void*>(start);
   std::memcpy(fresh, at, len);
