@@ -77,7 +77,7 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
-  link::SharedMemory::Get().Unshare(old.shared);
+  link::SharedMemory::Get().Unshare(old.shared, old.addr);
   return true;
 }
 
@@ -91,7 +91,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     auto it = by_key_.find(key);
     if (it == by_key_.end()) {
       g.unlock();
-      link::SharedMemory::Get().Unshare(m.shared);
+      link::SharedMemory::Get().Unshare(m.shared, mr.addr);
       return false;
     }
     old = it->second;
@@ -99,7 +99,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);
-  link::SharedMemory::Get().Unshare(old.shared);
+  link::SharedMemory::Get().Unshare(old.shared, old.addr);
   PublishWindow(m);
   return true;
 }

@@ -194,9 +194,9 @@ void SharedMemory::ReleaseLocked(const Range& r) {
 }
 
 bool SharedMemory::RegisteredElsewhereLocked(uintptr_t start, uintptr_t end) const {
-  auto it = spans_.lower_bound(start > widest_span_ ? start - widest_span_ : 0);
-  for (; it != spans_.end() && it->first < end; ++it)
-    if (it->second > start) return true;
+  auto it = registrations_.lower_bound({start > widest_span_ ? start - widest_span_ : 0, 0});
+  for (; it != registrations_.end() && it->first.first < end; ++it)
+    if (it->second.hi > start) return true;
   return false;
 }
 
@@ -204,14 +204,15 @@ uint64_t SharedMemory::Share(const void* addr, size_t len) {
   const size_t page = PageBytes();
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   if (len == 0 || a + len < a) return 0;
-  Registration reg{a & ~(page - 1), (a + len + page - 1) & ~(page - 1), {}};
+  const uintptr_t lo = a & ~(page - 1);
+  Registration reg{(a + len + page - 1) & ~(page - 1), {}};
   std::unique_lock<std::shared_mutex> g(mu_);
   // The ranges its bytes touch: still the arena's, it holds each of them; replaced by the
   // application, they retire. Left in place, a buffer mapped where an unmapped one is still
   // registered read as the old buffer's arena pages (a registration cache such as UCX's may
   // release a region after its memory was freed and reused).
-  auto it = ranges_.upper_bound(reg.lo);
-  if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.len > reg.lo) --it;
+  auto it = ranges_.upper_bound(lo);
+  if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second.len > lo) --it;
   while (it != ranges_.end() && it->first < reg.hi) {
     if (!ArenaMapsLocked(it->first, it->second)) {
       auto next = std::next(it);
@@ -231,10 +232,9 @@ uint64_t SharedMemory::Share(const void* addr, size_t len) {
     reg.held.push_back(Held{start, range_id});
   }
   for (const Held& h : reg.held) ++ranges_[h.start].refs;
-  spans_.emplace(reg.lo, reg.hi);
-  widest_span_ = std::max(widest_span_, reg.hi - reg.lo);
+  widest_span_ = std::max(widest_span_, reg.hi - lo);
   const uint64_t id = next_id_++;
-  registrations_.emplace(id, std::move(reg));
+  registrations_.emplace(std::make_pair(lo, id), std::move(reg));
   return id;
 }
 
@@ -255,16 +255,12 @@ void SharedMemory::DropLocked(uintptr_t start, uint64_t id) {
   }
 }
 
-void SharedMemory::Unshare(uint64_t id) {
+void SharedMemory::Unshare(uint64_t id, const void* addr) {
   if (id == 0) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(addr) & ~(PageBytes() - 1);
   std::unique_lock<std::shared_mutex> g(mu_);
-  auto reg = registrations_.find(id);
+  auto reg = registrations_.find({lo, id});
   if (reg == registrations_.end()) return;  // made before a fork(): the child has no arena
-  for (auto [span, last] = spans_.equal_range(reg->second.lo); span != last; ++span) {
-    if (span->second != reg->second.hi) continue;
-    spans_.erase(span);
-    break;
-  }
   for (const Held& h : reg->second.held) DropLocked(h.start, h.id);
   registrations_.erase(reg);
 }
@@ -290,7 +286,6 @@ void SharedMemory::AfterForkInChild() {
   ranges_.clear();
   stale_.clear();
   registrations_.clear();
-  spans_.clear();
   holes_.clear();
   arena_bytes_ = 0;
   for (int* fd : {&fd_, &peer_fd_}) {

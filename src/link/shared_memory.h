@@ -44,7 +44,7 @@ class SharedMemory {
   // - Once the application has unmapped a registered buffer, a new one at the same addresses goes
   //   into a range of its own.
   uint64_t Share(const void* addr, size_t len);
-  void Unshare(uint64_t id);
+  void Unshare(uint64_t id, const void* addr);  // addr: as given to Share
 
   struct Piece {
     bool shared;  // [p, p+len) is in the arena at `offset`
@@ -90,16 +90,16 @@ class SharedMemory {
     uint64_t id;
   };
   struct Registration {
-    uintptr_t lo, hi;  // the pages its bytes touch
+    uintptr_t hi;  // the end of the pages its bytes touch
     std::vector<Held> held;
   };
   // Whether a live registration touches a page of [start, end).
   bool RegisteredElsewhereLocked(uintptr_t start, uintptr_t end) const;
-  std::map<uintptr_t, Range> ranges_;               // by start address; page-aligned, disjoint
-  std::map<uint64_t, Range> stale_;                 // by id
-  std::map<uint64_t, Registration> registrations_;  // by id
-  std::multimap<uintptr_t, uintptr_t> spans_;       // every registration's pages: lo → hi
-  uintptr_t widest_span_ = 0;                       // bounds the search of spans_ to the left
+  std::map<uintptr_t, Range> ranges_;  // by start address; page-aligned, disjoint
+  std::map<uint64_t, Range> stale_;    // by id
+  // By the start of the pages their bytes touch, and id: one node each, however many there are.
+  std::map<std::pair<uintptr_t, uint64_t>, Registration> registrations_;
+  uintptr_t widest_span_ = 0;  // bounds the search of registrations_ to the left
   uint64_t next_id_ = 1;
   std::map<uint64_t, uint64_t> holes_;  // free arena space: offset → length
   uint64_t arena_bytes_ = 0;

@@ -65,7 +65,7 @@ TEST(SharedMemory, ARegionMovesInPlaceWithItsContents) {
   ASSERT_EQ(pread(fd, got, sizeof got, static_cast<off_t>(p.offset)), 64);
   EXPECT_EQ(std::memcmp(got, b.base + 100, 64), 0);
   EXPECT_EQ(write(fd, got, 1), -1) << "peers get a read-only descriptor";
-  mem.Unshare(id);
+  mem.Unshare(id, b.base);
   EXPECT_TRUE(b.Intact());
   EXPECT_EQ(MappingOf(b.base), "");
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
@@ -83,11 +83,11 @@ TEST(SharedMemory, OnlyWholePagesMoveAndSmallRegionsStay) {
   SharedMemory::Piece body = mem.Find(b.base + page, kLen);
   EXPECT_TRUE(body.shared);
   EXPECT_EQ(body.len, kLen - 2 * page);
-  mem.Unshare(id);
+  mem.Unshare(id, start);
   EXPECT_TRUE(b.Intact());
   const uint64_t small = mem.Share(b.base, SharedMemory::kMinShareBytes - 1);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
-  mem.Unshare(small);
+  mem.Unshare(small, b.base);
 }
 
 TEST(SharedMemory, NestedRegistrationsAreCounted) {
@@ -96,9 +96,9 @@ TEST(SharedMemory, NestedRegistrationsAreCounted) {
   const uint64_t outer = mem.Share(b.base, kLen);
   const uint64_t inner = mem.Share(b.base + kLen / 2, kLen / 4);  // inside the first
   EXPECT_NE(inner, 0u);
-  mem.Unshare(outer);
+  mem.Unshare(outer, b.base);
   EXPECT_TRUE(mem.Find(b.base, 10).shared) << "the inner registration still holds the pages";
-  mem.Unshare(inner);
+  mem.Unshare(inner, b.base + kLen / 2);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
   EXPECT_TRUE(b.Intact());
 }
@@ -117,14 +117,14 @@ TEST(SharedMemory, ARegionOutgrowingAnEarlierOneKeepsItsPagesWhenThatOneGoes) {
   EXPECT_EQ(told.len, kLen / 2);
   EXPECT_FALSE(mem.Find(b.base + kLen / 2, 10).shared) << "the rest stays private";
 
-  mem.Unshare(first);
+  mem.Unshare(first, b.base);
   std::memset(b.base, 0x3c, 4096);  // the application writes; a peer must see it
   uint8_t got = 0;
   ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(told.offset)), 1);
   EXPECT_EQ(got, 0x3c) << "the earlier region's pages left the arena under the larger one";
   EXPECT_TRUE(mem.Find(b.base, 10).shared);
 
-  mem.Unshare(merged);
+  mem.Unshare(merged, b.base);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
   EXPECT_EQ(MappingOf(b.base), "");
   EXPECT_EQ(b.base[0], 0x3c);
@@ -140,12 +140,12 @@ TEST(SharedMemory, ASmallRegionInsideASharedOneKeepsItsPagesWhenThatOneGoes) {
   const uint64_t small = mem.Share(b.base + 100, 200);
   const SharedMemory::Piece told = mem.Find(b.base + 100, 200);
   ASSERT_TRUE(told.shared);
-  mem.Unshare(big);
+  mem.Unshare(big, b.base);
   b.base[100] = 0x3c;
   uint8_t got = 0;
   ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(told.offset)), 1);
   EXPECT_EQ(got, 0x3c) << "the shared region's pages left the arena under the small one";
-  mem.Unshare(small);
+  mem.Unshare(small, b.base + 100);
   EXPECT_FALSE(mem.Find(b.base, 10).shared);
   EXPECT_EQ(MappingOf(b.base), "");
 }
@@ -160,11 +160,11 @@ TEST(SharedMemory, PagesAnotherRegistrationTouchesDoNotMove) {
   const uint64_t big = mem.Share(b.base, kLen);
   EXPECT_FALSE(mem.Find(b.base, kLen).shared);
   EXPECT_EQ(MappingOf(b.base), "");
-  mem.Unshare(big);
-  mem.Unshare(small);
+  mem.Unshare(big, b.base);
+  mem.Unshare(small, b.base + kLen / 2 + 100);
   const uint64_t alone = mem.Share(b.base, kLen);
   EXPECT_TRUE(mem.Find(b.base, kLen).shared) << "with the other one gone, the pages move";
-  mem.Unshare(alone);
+  mem.Unshare(alone, b.base);
   EXPECT_TRUE(b.Intact());
 }
 
@@ -176,7 +176,7 @@ TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
   ASSERT_NE(m, MAP_FAILED);
   const uint64_t id = SharedMemory::Get().Share(m, kLen);
   EXPECT_FALSE(SharedMemory::Get().Find(m, 10).shared);
-  SharedMemory::Get().Unshare(id);
+  SharedMemory::Get().Unshare(id, m);
   munmap(m, kLen);
   fclose(f);
 }
@@ -190,7 +190,7 @@ TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
       mmap(m, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   ASSERT_EQ(again, m);
   std::memset(again, 0x5a, kLen);
-  mem.Unshare(id);
+  mem.Unshare(id, m);
   EXPECT_EQ(static_cast<uint8_t*>(again)[kLen - 1], 0x5a);
   EXPECT_EQ(MappingOf(again), "");
   munmap(again, kLen);
@@ -221,10 +221,10 @@ TEST(SharedMemory, ABufferRegisteredWhereAnUnmappedOneStillIsGetsItsOwnPages) {
     ASSERT_EQ(pread(mem.PeerFd(), &got, 1, static_cast<off_t>(p.offset)), 1);
     EXPECT_EQ(got, 0x22) << "the new buffer reads as the unmapped one's pages";
   }
-  mem.Unshare(old_id);  // the old registration goes last-but-one: the new one stays
+  mem.Unshare(old_id, m);  // the old registration goes last-but-one: the new one stays
   EXPECT_EQ(mem.Find(again, 10).shared, p.shared);
   EXPECT_EQ(again[0], 0x22);
-  mem.Unshare(new_id);
+  mem.Unshare(new_id, again);
   EXPECT_FALSE(mem.Find(again, 10).shared);
   EXPECT_EQ(again[kLen - 1], 0x22);
   EXPECT_EQ(MappingOf(again), "");
@@ -247,7 +247,7 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
   EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
-  mem.Unshare(id);
+  mem.Unshare(id, b.base);
 }
 
 }  // namespace

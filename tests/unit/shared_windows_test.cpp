@@ -40,7 +40,7 @@ struct Fixture {
     w.ReleaseRecvQueue(own_queue);
     w.Withdraw(kKey);
     delete peer;
-    SharedMemory::Get().Unshare(shared);
+    SharedMemory::Get().Unshare(shared, base);
     munmap(base, kLen);
   }
   uint8_t* base;
