@@ -29,32 +29,41 @@ struct Mapping {
   char path[256];
 };
 
+bool ParseMapping(const char* line, Mapping* m) {
+  unsigned dev_major, dev_minor;
+  int n = std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %255[^\n]",
+                      &m->start, &m->end, m->perms, &m->offset, &dev_major, &dev_minor, &m->inode,
+                      m->path);
+  if (n < 7) return false;
+  if (n == 7) m->path[0] = '\0';
+  return true;
+}
+
+// Calls `fn` for each mapping of the process, in address order, until it returns false.
+template <typename Fn>
+void ForEveryMapping(Fn fn) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return;
+  char line[512];
+  Mapping m{};
+  while (std::fgets(line, sizeof line, f))
+    if (ParseMapping(line, &m) && !fn(m)) break;
+  std::fclose(f);
+}
+
 // Calls `fn` for each mapping overlapping [start, end), in address order; false if `fn` refuses one
 // or a gap leaves part of the range unmapped.
 template <typename Fn>
 bool ForEachMapping(uintptr_t start, uintptr_t end, Fn fn) {
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (!f) return false;
-  char line[512];
   uintptr_t covered = start;
   bool ok = true;
-  while (ok && covered < end && std::fgets(line, sizeof line, f)) {
-    Mapping m{};
-    unsigned dev_major, dev_minor;
-    int n =
-        std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %255[^\n]",
-                    &m.start, &m.end, m.perms, &m.offset, &dev_major, &dev_minor, &m.inode, m.path);
-    if (n < 7) continue;
-    if (n == 7) m.path[0] = '\0';
-    if (m.end <= covered) continue;
-    if (m.start > covered) {
-      ok = false;  // a hole
-      break;
-    }
+  ForEveryMapping([&](const Mapping& m) {
+    if (m.end <= covered) return true;
+    if (m.start > covered) return ok = false;  // a hole
     ok = fn(m);
     covered = m.end;
-  }
-  std::fclose(f);
+    return ok && covered < end;
+  });
   return ok && covered >= end;
 }
 
@@ -151,13 +160,15 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
 
 // Puts private anonymous pages with the same contents in place of the arena's at [start, len):
 // copied aside, then moved over in one mremap, so the range is never unmapped.
-void SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
+bool SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
   void* fresh =
       mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (fresh == MAP_FAILED) return;  // the pages stay shared: still correct, only not freed
+  if (fresh == MAP_FAILED) return false;  // the pages stay shared: still correct, only not freed
   void* at = reinterpret_cast<void*>(start);
   std::memcpy(fresh, at, len);
-  if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) munmap(fresh, len);
+  if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED) return true;
+  munmap(fresh, len);
+  return false;
 }
 
 // The whole pages of [addr, addr+len), when they are enough to share.
@@ -187,7 +198,22 @@ void SharedMemory::RetireLocked(std::map<uintptr_t, Range>::iterator it) {
   ranges_.erase(it);
 }
 
-void SharedMemory::ReleaseLocked(const Range& r) {
+bool SharedMemory::ArenaOffsetsMappedLocked(uint64_t offset, size_t len) const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) return true;  // cannot tell: keep the pages
+  bool mapped = false;
+  ForEveryMapping([&](const Mapping& m) {
+    mapped |=
+        m.inode == st.st_ino && m.offset < offset + len && offset < m.offset + (m.end - m.start);
+    return !mapped;
+  });
+  return mapped;
+}
+
+void SharedMemory::ReleaseLocked(const Range& r, bool maybe_mapped) {
+  // Pages the application moved elsewhere (mremap, as realloc does) are still its memory: punching
+  // them would zero it. They stay the arena's for good.
+  if (maybe_mapped && ArenaOffsetsMappedLocked(r.offset, r.len)) return;
   fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
             static_cast<off_t>(r.len));
   Free(r.offset, r.len);
@@ -244,13 +270,13 @@ void SharedMemory::DropLocked(uintptr_t start, uint64_t id) {
     if (--r.refs > 0) return;
     // Only pages that are still the arena's go back: the application may have unmapped the buffer
     // before deregistering it, and something else may live at those addresses now.
-    if (ArenaMapsLocked(start, r)) MoveToPrivate(start, r.len);
-    ReleaseLocked(r);
+    const bool moved_back = ArenaMapsLocked(start, r) && MoveToPrivate(start, r.len);
+    ReleaseLocked(r, !moved_back);
     ranges_.erase(it);
     return;
   }
   if (auto s = stale_.find(id); s != stale_.end() && --s->second.refs == 0) {
-    ReleaseLocked(s->second);
+    ReleaseLocked(s->second, true);
     stale_.erase(s);
   }
 }

@@ -71,7 +71,7 @@ class SharedMemory {
   static bool WholePages(const void* addr, size_t len, uintptr_t* start, uintptr_t* end);
   bool MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset);
   bool EnsureArenaLocked();
-  void MoveToPrivate(uintptr_t start, size_t len);
+  bool MoveToPrivate(uintptr_t start, size_t len);  // false: the pages stay the arena's
   uint64_t Allocate(size_t len);
   void Free(uint64_t offset, size_t len);
 
@@ -82,7 +82,9 @@ class SharedMemory {
   // A range whose pages are no longer the arena's leaves `ranges_` (Find no longer reports it) for
   // `stale_`, where it keeps its arena space until its last registration is released.
   void RetireLocked(std::map<uintptr_t, Range>::iterator it);
-  void ReleaseLocked(const Range& r);
+  // Frees the range's arena space; `maybe_mapped`: unless some mapping still shows its pages.
+  void ReleaseLocked(const Range& r, bool maybe_mapped);
+  bool ArenaOffsetsMappedLocked(uint64_t offset, size_t len) const;
   // Drops one reference to the range `id` that began at `start`.
   void DropLocked(uintptr_t start, uint64_t id);
   struct Held {

@@ -168,6 +168,25 @@ TEST(SharedMemory, PagesAnotherRegistrationTouchesDoNotMove) {
   EXPECT_TRUE(b.Intact());
 }
 
+// realloc moves a large buffer with mremap, shared pages and all. Releasing the registration made
+// at the old address must leave the buffer's new home alone (punching the arena's pages would zero
+// it). Also a registration that outlives the buffer's move, as a registration cache's does.
+TEST(SharedMemory, ABufferMovedByMremapKeepsItsBytesWhenItsRegistrationGoes) {
+  SharedMemory& mem = SharedMemory::Get();
+  auto* m = static_cast<uint8_t*>(
+      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(m, MAP_FAILED);
+  std::memset(m, 0x5a, kLen);
+  const uint64_t id = mem.Share(m, kLen);
+  ASSERT_TRUE(mem.Find(m, 10).shared);
+  auto* moved = static_cast<uint8_t*>(mremap(m, kLen, 2 * kLen, MREMAP_MAYMOVE));
+  ASSERT_NE(moved, MAP_FAILED);
+  mem.Unshare(id, m);
+  EXPECT_EQ(moved[0], 0x5a) << "the buffer's pages were punched out of the arena under it";
+  EXPECT_EQ(moved[kLen - 1], 0x5a);
+  munmap(moved, 2 * kLen);
+}
+
 TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
   FILE* f = tmpfile();
   ASSERT_NE(f, nullptr);
