@@ -168,6 +168,14 @@ TEST(SharedMemory, PagesAnotherRegistrationTouchesDoNotMove) {
   EXPECT_TRUE(b.Intact());
 }
 
+// Moves [m, m+kLen) elsewhere with mremap, as realloc does with a large buffer.
+uint8_t* MoveElsewhere(uint8_t* m) {
+  void* to = mmap(nullptr, kLen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (to == MAP_FAILED) return nullptr;
+  void* moved = mremap(m, kLen, kLen, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  return moved == MAP_FAILED ? nullptr : static_cast<uint8_t*>(moved);
+}
+
 // realloc moves a large buffer with mremap, shared pages and all. Releasing the registration made
 // at the old address must leave the buffer's new home alone (punching the arena's pages would zero
 // it). Also a registration that outlives the buffer's move, as a registration cache's does.
@@ -179,12 +187,12 @@ TEST(SharedMemory, ABufferMovedByMremapKeepsItsBytesWhenItsRegistrationGoes) {
   std::memset(m, 0x5a, kLen);
   const uint64_t id = mem.Share(m, kLen);
   ASSERT_TRUE(mem.Find(m, 10).shared);
-  auto* moved = static_cast<uint8_t*>(mremap(m, kLen, 2 * kLen, MREMAP_MAYMOVE));
-  ASSERT_NE(moved, MAP_FAILED);
+  uint8_t* moved = MoveElsewhere(m);
+  ASSERT_NE(moved, nullptr);
   mem.Unshare(id, m);
   EXPECT_EQ(moved[0], 0x5a) << "the buffer's pages were punched out of the arena under it";
   EXPECT_EQ(moved[kLen - 1], 0x5a);
-  munmap(moved, 2 * kLen);
+  munmap(moved, kLen);
 }
 
 TEST(SharedMemory, FileMappingsStayWhereTheyAre) {
@@ -267,6 +275,35 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
   EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
   mem.Unshare(id, b.base);
+}
+
+// Pages a buffer took along when it was moved by mremap are the arena's too: a fork()ed child's
+// writes into them must not reach the parent either; and the child must not trip over the
+// registration's old addresses, where nothing is mapped any more.
+TEST(SharedMemory, AForkedChildWritesItsOwnCopyOfABufferMovedByMremap) {
+  SharedMemory& mem = SharedMemory::Get();
+  auto* m = static_cast<uint8_t*>(
+      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(m, MAP_FAILED);
+  std::memset(m, 0x5a, kLen);
+  const uint64_t id = mem.Share(m, kLen);
+  uint8_t* moved = MoveElsewhere(m);
+  ASSERT_NE(moved, nullptr);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    mem.AfterForkInChild();
+    std::memset(moved, 0, kLen);
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      << "the child died in the fork handler (signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0)
+      << ")";
+  EXPECT_EQ(moved[0], 0x5a) << "the child's writes reached the parent";
+  mem.Unshare(id, m);
+  munmap(moved, kLen);
 }
 
 }  // namespace
