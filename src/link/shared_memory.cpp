@@ -1,9 +1,12 @@
 #include "link/shared_memory.h"
 
+#include "link/sanitizers.h"
+
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,6 +140,38 @@ int SharedMemory::ArenaFd() {
   return EnsureArenaLocked() ? fd_ : -1;
 }
 
+namespace {
+
+// Moving pages changes nothing the application can see: same addresses, same contents. But memory
+// hook libraries (UCX's UCM patches mmap, munmap and mremap in every loaded library) take an
+// mmap(MAP_FIXED) or mremap over a buffer for its unmapping, and drop what they cached for it:
+// the memory region just registered for it, among others. MPI over UCX then registered (and so
+// moved) its rendezvous buffer anew for every message. The moves therefore go to the kernel
+// directly, past such hooks — except under a sanitizer, whose interceptors of these calls keep
+// its shadow memory right (the hook test is not built there).
+constexpr bool kPastHooks = !kThreadSanitizer && !kAddressSanitizer;
+
+void* MapDirect(void* addr, size_t len, int prot, int flags, int fd, off_t offset) {
+  if constexpr (!kPastHooks) return mmap(addr, len, prot, flags, fd, offset);
+  return reinterpret_cast<void*>(syscall(SYS_mmap, addr, len, prot, flags, fd, offset));
+}
+
+void* RemapDirect(void* from, size_t len, void* to) {
+  if constexpr (!kPastHooks) return mremap(from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  return reinterpret_cast<void*>(
+      syscall(SYS_mremap, from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to));
+}
+
+void UnmapDirect(void* addr, size_t len) {
+  if constexpr (!kPastHooks) {
+    munmap(addr, len);
+    return;
+  }
+  syscall(SYS_munmap, addr, len);
+}
+
+}  // namespace
+
 bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset) {
   if (!PrivateAnonymous(start, start + len)) return false;
   if (!EnsureArenaLocked()) return false;
@@ -149,8 +184,8 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
   }
   void* at = reinterpret_cast<void*>(start);
   if (pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
-      mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
-           static_cast<off_t>(off)) == MAP_FAILED) {
+      MapDirect(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
+                static_cast<off_t>(off)) == MAP_FAILED) {
     Free(off, len);
     return false;
   }
@@ -161,13 +196,13 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
 // Puts private anonymous pages with the same contents in place of the arena's at [start, len):
 // copied aside, then moved over in one mremap, so the range is never unmapped.
 bool SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
-  void* fresh =
-      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* fresh = MapDirect(nullptr, len, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (fresh == MAP_FAILED) return false;  // the pages stay shared: still correct, only not freed
   void* at = reinterpret_cast<void*>(start);
   std::memcpy(fresh, at, len);
-  if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED) return true;
-  munmap(fresh, len);
+  if (RemapDirect(fresh, len, at) != MAP_FAILED) return true;
+  UnmapDirect(fresh, len);
   return false;
 }
 
