@@ -168,6 +168,14 @@ TEST(SharedMemory, PagesAnotherRegistrationTouchesDoNotMove) {
   EXPECT_TRUE(b.Intact());
 }
 
+// kLen bytes of private anonymous memory, each `fill` (nullptr when mmap fails).
+uint8_t* FreshBuffer(uint8_t fill) {
+  void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  std::memset(m, fill, kLen);
+  return static_cast<uint8_t*>(m);
+}
+
 // Moves [m, m+kLen) elsewhere with mremap, as realloc does with a large buffer.
 uint8_t* MoveElsewhere(uint8_t* m) {
   void* to = mmap(nullptr, kLen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -181,10 +189,8 @@ uint8_t* MoveElsewhere(uint8_t* m) {
 // it). Also a registration that outlives the buffer's move, as a registration cache's does.
 TEST(SharedMemory, ABufferMovedByMremapKeepsItsBytesWhenItsRegistrationGoes) {
   SharedMemory& mem = SharedMemory::Get();
-  auto* m = static_cast<uint8_t*>(
-      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(m, MAP_FAILED);
-  std::memset(m, 0x5a, kLen);
+  uint8_t* m = FreshBuffer(0x5a);
+  ASSERT_NE(m, nullptr);
   const uint64_t id = mem.Share(m, kLen);
   ASSERT_TRUE(mem.Find(m, 10).shared);
   uint8_t* moved = MoveElsewhere(m);
@@ -227,10 +233,8 @@ TEST(SharedMemory, DeregisteringAfterUnmappingLeavesTheNewOccupantAlone) {
 // buffer, at the same addresses, is registered. It must not read as the old one's arena pages.
 TEST(SharedMemory, ABufferRegisteredWhereAnUnmappedOneStillIsGetsItsOwnPages) {
   SharedMemory& mem = SharedMemory::Get();
-  auto* m = static_cast<uint8_t*>(
-      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(m, MAP_FAILED);
-  std::memset(m, 0x11, kLen);
+  uint8_t* m = FreshBuffer(0x11);
+  ASSERT_NE(m, nullptr);
   const uint64_t old_id = mem.Share(m, kLen);
   ASSERT_NE(old_id, 0u);
   munmap(m, kLen);
@@ -282,10 +286,8 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
 // registration's old addresses, where nothing is mapped any more.
 TEST(SharedMemory, AForkedChildWritesItsOwnCopyOfABufferMovedByMremap) {
   SharedMemory& mem = SharedMemory::Get();
-  auto* m = static_cast<uint8_t*>(
-      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(m, MAP_FAILED);
-  std::memset(m, 0x5a, kLen);
+  uint8_t* m = FreshBuffer(0x5a);
+  ASSERT_NE(m, nullptr);
   const uint64_t id = mem.Share(m, kLen);
   uint8_t* moved = MoveElsewhere(m);
   ASSERT_NE(moved, nullptr);
