@@ -343,17 +343,10 @@ SharedMemory::Piece SharedMemory::Find(const void* p, size_t n) const {
 
 void SharedMemory::AfterForkInChild() {
   std::unique_lock<std::shared_mutex> g(mu_);
-  // Every mapping of the arena, not only the ranges': pages a buffer took along when the
-  // application moved it (mremap) are the arena's too, and would stay shared with the parent.
-  struct stat st {};
-  if (fd_ >= 0 && fstat(fd_, &st) == 0) {
-    std::vector<std::pair<uintptr_t, size_t>> arena_maps;
-    ForEveryMapping([&](const Mapping& m) {
-      if (m.inode == st.st_ino) arena_maps.emplace_back(m.start, m.end - m.start);
-      return true;
-    });
-    for (auto [start, len] : arena_maps) MoveToPrivate(start, len);
-  }
+  // Only ranges still mapped where they were registered: the application may have unmapped a
+  // buffer (or moved it with mremap) before deregistering it.
+  for (auto& [start, r] : ranges_)
+    if (ArenaMapsLocked(start, r)) MoveToPrivate(start, r.len);
   ranges_.clear();
   stale_.clear();
   registrations_.clear();
