@@ -11,6 +11,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/xrc_relay.h"
+#include "link/sanitizers.h"
 #include "core/qp_internal.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
@@ -68,6 +69,7 @@ void Hca::ForkChild() {
   if (g_instance) {
     if ((*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
     (*g_instance)->AbandonAfterFork();
+    KeepOnPurpose(g_instance);
     g_instance = nullptr;  // the old HCA is leaked on purpose
   }
   g_mu.unlock();  // ForkPrepare took it on this very thread
@@ -80,7 +82,11 @@ void Hca::AbandonAfterFork() {
   // The receive queues peers fill are the parent's: nothing here collects from them.
   for (auto& w : watched_) w.store(0, std::memory_order_relaxed);
   unwatched_.store(0, std::memory_order_relaxed);
-  if (endpoint_) endpoint_.release()->Abandon();
+  if (endpoint_) {
+    link::Endpoint* abandoned = endpoint_.release();
+    KeepOnPurpose(abandoned);
+    abandoned->Abandon();
+  }
   slots_.ForgetAfterFork();
   mcast_.ForgetAfterFork();
 }

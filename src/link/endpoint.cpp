@@ -29,6 +29,7 @@
 #include "link/frame_codec.h"
 #include "link/plain_syscall.h"
 #include "link/running_thread.h"
+#include "link/sanitizers.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/udp_link.h"
@@ -1382,7 +1383,7 @@ void Endpoint::Abandon() {
   // The child of fork() has no progress thread; leak the parent's state rather than close sockets
   // the parent still uses (closing a copy is harmless, but shutdown() would not be).
   if (impl_->thread.joinable()) impl_->thread.detach();
-  (void)impl_.release();
+  KeepOnPurpose(impl_.release());
 }
 
 void Endpoint::HoldForFork() {
