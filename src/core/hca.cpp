@@ -10,9 +10,9 @@
 #include "core/context.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/qp_internal.h"
 #include "core/xrc_relay.h"
 #include "link/sanitizers.h"
-#include "core/qp_internal.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
 

@@ -45,7 +45,7 @@ MrTable::MrTable()
 uint32_t MrTable::Insert(const Mr& mr) {
   // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
   Mr m = mr;
-  m.shared = link::SharedMemory::Get().Share(mr.addr, mr.length);
+  m.registration = link::SharedMemory::Get().Share(mr.addr, mr.length);
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     for (;;) {
@@ -77,21 +77,21 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);  // no peer inside it once this returns
-  link::SharedMemory::Get().Unshare(old.shared, old.addr);
+  link::SharedMemory::Get().Unshare(old.registration, old.addr);
   return true;
 }
 
 bool MrTable::Update(uint32_t key, const Mr& mr) {
   Mr m = mr;
   m.key = key;
-  m.shared = link::SharedMemory::Get().Share(mr.addr, mr.length);
+  m.registration = link::SharedMemory::Get().Share(mr.addr, mr.length);
   Mr old;
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     auto it = by_key_.find(key);
     if (it == by_key_.end()) {
       g.unlock();
-      link::SharedMemory::Get().Unshare(m.shared, mr.addr);
+      link::SharedMemory::Get().Unshare(m.registration, mr.addr);
       return false;
     }
     old = it->second;
@@ -99,7 +99,7 @@ bool MrTable::Update(uint32_t key, const Mr& mr) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   link::SharedWindows::Get().Withdraw(key);
-  link::SharedMemory::Get().Unshare(old.shared, old.addr);
+  link::SharedMemory::Get().Unshare(old.registration, old.addr);
   PublishWindow(m);
   return true;
 }

@@ -20,10 +20,10 @@ struct Mr {
   const Pd* pd;
   uint8_t* addr;  // host address of the first byte
   uint64_t length;
-  uint64_t iova;        // the address remote peers use for the first byte
-  int access;           // ibv_access_flags
-  uint32_t key;         // lkey == rkey
-  uint64_t shared = 0;  // its link::SharedMemory registration
+  uint64_t iova;              // the address remote peers use for the first byte
+  int access;                 // ibv_access_flags
+  uint32_t key;               // lkey == rkey
+  uint64_t registration = 0;  // its link::SharedMemory registration id (never 0 once registered)
 };
 
 // A memory window: remote access to part of a region, under its own key. The key's upper 24 bits

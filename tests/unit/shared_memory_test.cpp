@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 
 namespace softrdma::link {
 namespace {
@@ -176,6 +177,17 @@ uint8_t* FreshBuffer(uint8_t fill) {
   return static_cast<uint8_t*>(m);
 }
 
+// A FreshBuffer, registered, its pages moved onto the arena: {buffer, registration}, or
+// {nullptr, 0} when a step fails.
+std::pair<uint8_t*, uint64_t> SharedFreshBuffer(uint8_t fill) {
+  SharedMemory& mem = SharedMemory::Get();
+  uint8_t* m = FreshBuffer(fill);
+  if (!m) return {nullptr, 0};
+  const uint64_t id = mem.Share(m, kLen);
+  if (!mem.Find(m, 10).shared) return {nullptr, 0};
+  return {m, id};
+}
+
 // Moves [m, m+kLen) elsewhere with mremap, as realloc does with a large buffer.
 uint8_t* MoveElsewhere(uint8_t* m) {
   void* to = mmap(nullptr, kLen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -189,10 +201,8 @@ uint8_t* MoveElsewhere(uint8_t* m) {
 // it). Also a registration that outlives the buffer's move, as a registration cache's does.
 TEST(SharedMemory, ABufferMovedByMremapKeepsItsBytesWhenItsRegistrationGoes) {
   SharedMemory& mem = SharedMemory::Get();
-  uint8_t* m = FreshBuffer(0x5a);
+  const auto [m, id] = SharedFreshBuffer(0x5a);
   ASSERT_NE(m, nullptr);
-  const uint64_t id = mem.Share(m, kLen);
-  ASSERT_TRUE(mem.Find(m, 10).shared);
   uint8_t* moved = MoveElsewhere(m);
   ASSERT_NE(moved, nullptr);
   mem.Unshare(id, m);
@@ -286,10 +296,8 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
 // (copying from them crashed the child, or overwrote what lives there now).
 TEST(SharedMemory, AForkedChildLeavesAloneWhatReplacedAnUnmappedRegisteredBuffer) {
   SharedMemory& mem = SharedMemory::Get();
-  uint8_t* m = FreshBuffer(0x5a);
+  const auto [m, id] = SharedFreshBuffer(0x5a);
   ASSERT_NE(m, nullptr);
-  const uint64_t id = mem.Share(m, kLen);
-  ASSERT_TRUE(mem.Find(m, 10).shared);
   ASSERT_EQ(munmap(m, kLen), 0);
   void* guard = mmap(m, kLen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   ASSERT_EQ(guard, m);
