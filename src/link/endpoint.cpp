@@ -48,6 +48,18 @@ constexpr int kIovBatch = 512;
 uint64_t Key(const PeerAddr& a);
 void TuneSocket(int fd);
 
+// A polling thread's copy of an endpoint's shared-memory channels (Endpoint::Impl::ShmRxReady).
+// The copies keep the channels, and so their rings, mapped until the thread copies again, arms a
+// CQ or ends. Generations are numbered across endpoints: an endpoint made where another was
+// cannot match an old copy.
+std::atomic<uint64_t> g_shm_generations{0};
+struct ShmSnapshot {
+  const Endpoint::Impl* owner = nullptr;
+  uint64_t generation = 0;
+  std::vector<std::shared_ptr<ShmChannel>> channels;
+};
+thread_local ShmSnapshot t_shm_snapshot __attribute__((tls_model("initial-exec")));
+
 // epoll_pwait2 (Linux 5.11) waits with a timeout in nanoseconds. Older kernels answer ENOSYS, and
 // container seccomp profiles older than the call EPERM (it has no EPERM of its own): then the
 // epoll descriptor is waited on with ppoll, which takes nanoseconds too, and read without
@@ -858,20 +870,38 @@ void Endpoint::Impl::AddShm(const std::shared_ptr<ShmChannel>& ch) {
   std::lock_guard g(shm_mu);
   shm.push_back(ch);
   shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
+  shm_generation.store(g_shm_generations.fetch_add(1) + 1, std::memory_order_release);
 }
 
 void Endpoint::Impl::RemoveShm(const ShmChannel* ch) {
   std::lock_guard g(shm_mu);
   std::erase_if(shm, [&](const auto& c) { return c.get() == ch; });
   shm_count.store(static_cast<int>(shm.size()), std::memory_order_relaxed);
+  shm_generation.store(g_shm_generations.fetch_add(1) + 1, std::memory_order_release);
 }
 
+// Every poll of an empty CQ looks here: from the thread's copy of the list, without the two
+// atomic instructions of shm_mu (~12 ns a pair on this VM, 10 % of a busy poller's time in
+// ib_send_lat, and a message arriving meanwhile waits for the next look).
 bool Endpoint::Impl::ShmRxReady() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return false;
-  std::lock_guard g(shm_mu);
-  for (const auto& ch : shm)
+  ShmSnapshot& copy = t_shm_snapshot;
+  if (copy.owner != this || copy.generation != shm_generation.load(std::memory_order_acquire)) {
+    std::lock_guard g(shm_mu);
+    copy.channels = shm;
+    copy.owner = this;
+    copy.generation = shm_generation.load(std::memory_order_relaxed);
+  }
+  for (const auto& ch : copy.channels)
     if (ch->RxReady()) return true;
   return false;
+}
+
+void Endpoint::Impl::DropShmSnapshot() {
+  ShmSnapshot& copy = t_shm_snapshot;
+  if (copy.owner != this) return;
+  copy.channels.clear();
+  copy.owner = nullptr;
 }
 
 bool Endpoint::Impl::ShmPrepareSleep() {
@@ -1109,6 +1139,7 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
 // doorbell and waits up to kShmPollLeaseMaxNs for the progress thread (udpong, which resends what
 // is not answered within 1 ms and then hangs on the duplicate answer, hit it within seconds).
 void Endpoint::Impl::PollerMaySleep() {
+  DropShmSnapshot();  // a thread about to block holds no channel alive
   poller_may_sleep.store(true, std::memory_order_relaxed);
   EndSocketLease();  // the progress thread serves the sockets while the poller blocks
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
@@ -1399,6 +1430,7 @@ Endpoint::~Endpoint() {
   impl_->stop.store(true, std::memory_order_release);
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->DropShmSnapshot();  // other threads' copies go with their next poll or their end
   {
     std::lock_guard<std::mutex> g(impl_->mu);
     impl_->outbound.clear();

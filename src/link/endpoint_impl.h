@@ -96,9 +96,11 @@ struct Endpoint::Impl {
 
   // Shared-memory channels, whose inbound rings are checked without a system call: by a busy
   // poller before it asks epoll, and by the progress thread before it sleeps.
-  FastMutex shm_mu;  // taken by every poll of an empty CQ (ShmRxReady)
+  FastMutex shm_mu;  // polls copy `shm` under it when it changed (ShmRxReady)
   std::vector<std::shared_ptr<ShmChannel>> shm;
   std::atomic<int> shm_count{0};
+  std::atomic<uint64_t> shm_generation{0};  // moves with every change of `shm`
+  void DropShmSnapshot();                   // this thread's copy of `shm`, if of this endpoint
   int shm_listen_fd = -1;
   Pollable* shm_listen_pollable = nullptr;
   bool shm_enabled = false;
