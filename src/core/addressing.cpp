@@ -17,6 +17,7 @@
 
 #include "core/held_file.h"
 #include "core/limits.h"
+#include "core/xrc_targets.h"
 
 namespace softrdma::core {
 
@@ -115,11 +116,16 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
 
 // Slot files of processes that died without their exit handler (killed) are unlinked: nobody
 // holds their lock (core/held_file.h). Done by every process that claims a slot and again when it
-// exits, so that a killed peer's slot is gone once its survivors are.
+// exits, so that a killed peer's slot is gone once its survivors are. XRC target tables that only
+// killed processes held go the same way.
 void SlotRegistry::SweepStaleSlots() {
   DIR* d = opendir(dir_.c_str());
   if (!d) return;
   while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, "xrcd-", 5) == 0) {
+      TargetTable::RemoveIfAbandoned(dir_ + "/" + e->d_name);
+      continue;
+    }
     if (std::strncmp(e->d_name, "slot-", 5) != 0) continue;
     std::string path = dir_ + "/" + e->d_name;
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

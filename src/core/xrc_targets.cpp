@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <string>
 
+#include "core/held_file.h"
 #include "core/host_identity.h"
 
 namespace softrdma::core {
@@ -147,6 +148,32 @@ const TargetRecord::Holder* TargetTable::SuccessorLocked(TargetRecord* r) {
   for (auto& h : r->holders)
     if (h.pid != 0 && h.pid != getpid() && h.slot != 0) return &h;
   return nullptr;
+}
+
+bool TargetTable::RemoveIfAbandoned(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool removed = false;
+  struct stat st {};
+  // Under the lock Guard takes: no process is adding or handing over a target meanwhile.
+  if (fstat(fd, &st) == 0 && st.st_uid == getuid() &&
+      static_cast<size_t>(st.st_size) >= kTableBytes && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    void* p = mmap(nullptr, kTableBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      const auto* records = static_cast<const TargetRecord*>(p);
+      bool held = false;
+      for (int i = 0; i < kRecords && !held; ++i) {
+        if (records[i].qpn.load(std::memory_order_relaxed) == 0) continue;
+        for (const auto& h : records[i].holders) held = held || ProcessAlive(h.pid);
+      }
+      munmap(p, kTableBytes);
+      // A process that still maps it opens a new file at its next Guard (nlink 0), as after
+      // the last holder's own removal.
+      if (!held) removed = RemoveLockedAbandoned(fd, path);
+    }
+  }
+  close(fd);
+  return removed;
 }
 
 TargetTable* SharedTargets::TableOf(const Xrcd& d) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "core/xrc.h"
@@ -70,6 +71,10 @@ class TargetTable {
   int ReleaseLocked(TargetRecord* r, bool all_of_ours = false);
   // A live holder other than this process, or nullptr.
   const TargetRecord::Holder* SuccessorLocked(TargetRecord* r);
+
+  // Removes the table file at `path` (this user's) when no live process holds any of its
+  // targets: every holder was killed, and no exit handler removed it. True when removed.
+  static bool RemoveIfAbandoned(const std::string& path);
 
  private:
   TargetTable() = default;

@@ -4,6 +4,7 @@
 #include <infiniband/verbs.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/limits.h"
+#include "core/xrc_targets.h"
 #include "support/semantics_harness.h"
 
 #include <filesystem>
@@ -66,6 +68,56 @@ TEST(SlotSweep, AStaleSlotFileIsRemovedByTheNextProcess) {
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   std::string path = dir.path() + "/slot-" + std::to_string(stale);
   EXPECT_NE(access(path.c_str(), F_OK), 0) << path << " is still there";
+}
+
+// A pid that is nobody's: a child that has exited and been reaped.
+pid_t GonePid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return pid;
+}
+
+// An XRC target table file (core/xrc_targets.h) with one target held by `holder`.
+bool WriteTargetTable(const std::string& path, int32_t holder) {
+  using softrdma::core::TargetRecord;
+  using softrdma::core::TargetTable;
+  constexpr size_t kBytes = sizeof(TargetRecord) * TargetTable::kRecords;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || ftruncate(fd, kBytes) != 0) return false;
+  void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return false;
+  auto* records = static_cast<TargetRecord*>(p);
+  records[3].qpn.store(0x1234);
+  records[3].holders[5] = TargetRecord::Holder{holder, 7, 1};
+  munmap(p, kBytes);
+  return true;
+}
+
+// Killed holders leave the XRC target table of their domain behind (only the last holder's exit
+// handler removes it); the next process removes it as it does stale slots, and leaves alone a
+// table a live process holds.
+TEST(SlotSweep, AnXrcTableOnlyKilledProcessesHeldIsRemovedByTheNextProcess) {
+  PrivateRunDirectory dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string uid = std::to_string(getuid());
+  const std::string abandoned = dir.path() + "/xrcd-" + uid + "-1-2";
+  const std::string held = dir.path() + "/xrcd-" + uid + "-1-3";
+  ASSERT_TRUE(WriteTargetTable(abandoned, GonePid()));
+  ASSERT_TRUE(WriteTargetTable(held, getpid()));
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("SOFTRDMA_RUNDIR", dir.path().c_str(), 1);
+    _exit(semantics::OpenFirstDevice() ? 0 : 1);  // claims a slot, sweeps
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_NE(access(abandoned.c_str(), F_OK), 0) << abandoned << " is still there";
+  EXPECT_EQ(access(held.c_str(), F_OK), 0) << "a table a live process holds was removed";
 }
 
 }  // namespace
