@@ -58,7 +58,7 @@ struct ShmSnapshot {
   uint64_t generation = 0;
   std::vector<std::shared_ptr<ShmChannel>> channels;
 };
-thread_local ShmSnapshot t_shm_snapshot __attribute__((tls_model("initial-exec")));
+thread_local ShmSnapshot t_shm_snapshot;  // general TLS model: see t_poll_target in core/cq.cpp
 
 // epoll_pwait2 (Linux 5.11) waits with a timeout in nanoseconds. Older kernels answer ENOSYS, and
 // container seccomp profiles older than the call EPERM (it has no EPERM of its own): then the
