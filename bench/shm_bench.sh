@@ -592,6 +592,22 @@ echo
 echo "host: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo); CPUs busy with other work: $BUSY_START before the run, $(cpus_busy) after"
 echo "ratio = the target's column / anchor; GB/s = 10^9 bytes/s; latencies are one-way medians."
 echo "latencies: median of $LAT_ROUNDS rounds of anchors and cases run back to back; their ratios: median of the rounds' ratios."
+# Each round's figures: on a VM the two vCPUs may move between hosts' cores mid-run (the ping-pong
+# went from 0.21 to 0.05 us between two rounds), and a median then mixes two machines.
+if ((LAT_ROUNDS > 1)); then
+	rounds_line="rounds (ping-pong, UCX posix, shm write_lat, shm send_lat; us):"
+	pp_lo='' pp_hi=''
+	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+		rounds_line+=" $round: ${R[a,pingpong,$round]:--} ${R[a,ucx_posix_lat,$round]:--} ${R[shm,write_lat,$round]:--} ${R[shm,send_lat,$round]:--};"
+		pp=${R[a,pingpong,$round]:-}
+		[[ -n $pp ]] || continue
+		[[ -z $pp_lo ]] || awk -v a="$pp" -v b="$pp_lo" 'BEGIN { exit !(a < b) }' && pp_lo=$pp
+		[[ -z $pp_hi ]] || awk -v a="$pp" -v b="$pp_hi" 'BEGIN { exit !(a > b) }' && pp_hi=$pp
+	done
+	echo "${rounds_line%;}"
+	[[ -n $pp_lo ]] && awk -v lo="$pp_lo" -v hi="$pp_hi" 'BEGIN { exit !(hi > 2 * lo) }' &&
+		echo "note: the ping-pong changed more than 2x between rounds: the CPUs moved; compare rounds, not medians."
+fi
 echo "link: links logged by SOFTRDMA_LOG=1 (self = in-process); '!' = not the column's link."
 absent=()
 for tool in "${!HAVE[@]}"; do
