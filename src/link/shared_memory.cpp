@@ -1,7 +1,5 @@
 #include "link/shared_memory.h"
 
-#include "link/sanitizers.h"
-
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
@@ -14,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+
+#include "link/sanitizers.h"
 
 namespace softrdma::link {
 namespace {

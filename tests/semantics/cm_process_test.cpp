@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "support/cm_harness.h"
+#include "support/scratch_directory.h"
 
 namespace cmtest {
 namespace {
@@ -342,14 +343,9 @@ std::vector<std::string> RunFilesUnder(const std::string& dir) {
 // processes exit no shared-memory object is left"); the survivor used to leave the killed one's
 // slot, CM presence and claim, and multicast membership until some later program started.
 TEST_F(CmProcess, ProcessesLeaveNoFileOfAKilledPeerOnceTheyExit) {
-  std::filesystem::create_directories(RunDir());
-  std::string tmpl = RunDir() + "/killed-peer-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << strerror(errno);
-  const std::string run_dir = tmpl;
-  struct RemoveAtEnd {
-    std::string dir;
-    ~RemoveAtEnd() { std::filesystem::remove_all(dir); }
-  } remove_at_end{run_dir};
+  support::ScratchDirectory scratch("killed-peer");
+  ASSERT_FALSE(scratch.path().empty()) << strerror(errno);
+  const std::string& run_dir = scratch.path();
   ChildProcess survivor;
   ASSERT_TRUE(child_.Start("hold-all", "", run_dir));
   ASSERT_EQ(child_.Recv(), 'B') << "the child to kill did not set up";

@@ -13,33 +13,17 @@
 
 #include "core/limits.h"
 #include "core/xrc_targets.h"
+#include "support/scratch_directory.h"
 #include "support/semantics_harness.h"
 
-#include <filesystem>
 #include <string>
 
 namespace {
 
-// A run directory of this test's own: in the suite's shared one, a process running beside it
-// (ctest -j) may claim the stale slot as its own or be sweeping it at the same moment.
-class PrivateRunDirectory {
- public:
-  PrivateRunDirectory() {
-    char templ[] = "/tmp/softrdma-slot-sweep-XXXXXX";
-    if (mkdtemp(templ)) path_ = templ;
-  }
-  ~PrivateRunDirectory() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 TEST(SlotSweep, AStaleSlotFileIsRemovedByTheNextProcess) {
-  PrivateRunDirectory dir;
+  // Its own run directory: in the suite's, a process running beside it (ctest -j) may claim the
+  // stale slot as its own or be sweeping it at the same moment.
+  support::ScratchDirectory dir("slot-sweep");
   ASSERT_FALSE(dir.path().empty());
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
@@ -100,7 +84,7 @@ bool WriteTargetTable(const std::string& path, int32_t holder) {
 // handler removes it); the next process removes it as it does stale slots, and leaves alone a
 // table a live process holds.
 TEST(SlotSweep, AnXrcTableOnlyKilledProcessesHeldIsRemovedByTheNextProcess) {
-  PrivateRunDirectory dir;
+  support::ScratchDirectory dir("xrc-sweep");
   ASSERT_FALSE(dir.path().empty());
   const std::string uid = std::to_string(getuid());
   const std::string abandoned = dir.path() + "/xrcd-" + uid + "-1-2";

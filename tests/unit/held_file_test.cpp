@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/host_identity.h"
+#include "support/scratch_directory.h"
 
 namespace {
 
@@ -23,17 +24,13 @@ using softrdma::core::RemoveIfAbandoned;
 class HeldFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string parent = softrdma::core::RunDirectory();
-    std::filesystem::create_directories(parent);
-    std::string tmpl = parent + "/held-file-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/claim";
+    ASSERT_FALSE(dir_.path().empty());
+    path_ = dir_.path() + "/claim";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   bool Exists() const { return std::filesystem::exists(path_); }
 
-  std::string dir_, path_;
+  support::ScratchDirectory dir_{"held-file"};
+  std::string path_;
 };
 
 TEST_F(HeldFile, AHeldFileStaysAndAnAbandonedOneGoes) {
