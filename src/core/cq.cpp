@@ -6,6 +6,8 @@
 
 #include "core/context.h"
 #include "core/hca.h"
+#include "core/qp.h"
+#include "link/shared_windows.h"
 
 namespace softrdma::core {
 namespace {
@@ -74,6 +76,12 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 }
 
 int Cq::Poll(int n, ibv_wc* out) {
+  if (n > 0 && feed_count_.load(std::memory_order_relaxed) > 0 && DirectFeedReady()) {
+    if (int got = PollDirectFeeds(n, out); got > 0) {
+      ctx_.hca().PollerActive();
+      return got;
+    }
+  }
   int got = queued_.load(std::memory_order_acquire) ? PollLocked(n, out) : 0;
   if (got == 0 && n > 0) {
     PollTarget target{this, out, n, 0};
@@ -96,6 +104,45 @@ int Cq::PollLocked(int n, ibv_wc* out) {
     --count_;
   }
   queued_.store(count_, std::memory_order_release);
+  return got;
+}
+
+int Cq::AddDirectFeed(Qp* qp, uint64_t watch) {
+  std::lock_guard g(mu_);
+  for (int i = 0; i < kDirectFeeds; ++i)
+    if (!feeds_[i].qp) {
+      feeds_[i].qp = qp;
+      feeds_[i].watch.store(watch, std::memory_order_relaxed);
+      feed_count_.fetch_add(1, std::memory_order_relaxed);
+      return i;
+    }
+  return -1;
+}
+
+void Cq::RemoveDirectFeed(int feed) {
+  if (feed < 0) return;
+  std::lock_guard g(mu_);  // a poll uses the QP under it only
+  feeds_[feed].qp = nullptr;
+  feeds_[feed].watch.store(0, std::memory_order_relaxed);
+  feed_count_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool Cq::DirectFeedReady() const {
+  for (const DirectFeed& f : feeds_)
+    if (link::direct_recv::WatchSeesDone(f.watch.load(std::memory_order_relaxed))) return true;
+  return false;
+}
+
+// Straight into the caller's array only as Push would put it there (nothing queued that would
+// come first, nobody waiting for an event, no clock to read). A QP's lock is only tried: it comes
+// before this CQ's; a busy QP is left to the HCA's collection or the next poll. Under the QP's
+// lock nothing else completes its receives, so nothing of that QP can be in the ring meanwhile.
+int Cq::PollDirectFeeds(int n, ibv_wc* out) {
+  std::lock_guard g(mu_);
+  if (count_ != 0 || armed_ != kDisarmed || timestamps_ || overflowed_) return 0;
+  int got = 0;
+  for (DirectFeed& f : feeds_)
+    if (f.qp && got < n) got += f.qp->TryCollectDirectRecvsInto(out + got, n - got);
   return got;
 }
 

@@ -14,6 +14,7 @@
 namespace softrdma::core {
 
 class Context;
+class Qp;
 
 struct Cqe {
   ibv_wc wc;
@@ -60,8 +61,23 @@ class Cq {
   // Number of events raised for this CQ, for ibv_destroy_cq's wait on ibv_ack_cq_events.
   uint32_t events_reported() const { return events_reported_; }
 
+  // QPs whose receive queue a same-host peer fills directly (direct_recv.cpp) and which complete
+  // here. A poll looks at their watched slots without a lock and collects a done one into its
+  // caller's array itself, under this CQ's lock and the QP's, not through the HCA's list and a
+  // Push (two lock pairs and two thread-local lookups less per message). The caller holds the
+  // QP's lock; a QP is removed before it goes. Add returns the feed, or -1 when all are taken
+  // (the HCA's list still collects that QP's messages).
+  static constexpr int kDirectFeeds = 4;
+  int AddDirectFeed(Qp* qp, uint64_t watch);
+  void RemoveDirectFeed(int feed);
+  void WatchDirectFeed(int feed, uint64_t watch) {
+    if (feed >= 0) feeds_[feed].watch.store(watch, std::memory_order_relaxed);
+  }
+
  private:
   int PollLocked(int n, ibv_wc* out);
+  bool DirectFeedReady() const;
+  int PollDirectFeeds(int n, ibv_wc* out);
   Context& ctx_;
   CompChannel* channel_;
   void* user_handle_;
@@ -75,6 +91,12 @@ class Cq {
   enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;
   bool overflowed_ = false;
   uint32_t events_reported_ = 0;
+  struct DirectFeed {
+    Qp* qp = nullptr;                // under mu_
+    std::atomic<uint64_t> watch{0};  // link::direct_recv::Watch, read without a lock
+  };
+  DirectFeed feeds_[kDirectFeeds];
+  std::atomic<int> feed_count_{0};
 };
 
 }  // namespace softrdma::core

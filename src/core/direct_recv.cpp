@@ -50,6 +50,7 @@ void Qp::OpenDirectRecvLocked() {
   direct_rq_ = q;
   direct_posted_ = direct_collected_ = 0;
   direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state, 0);
+  if (recv_cq_) direct_feed_ = recv_cq_->AddDirectFeed(this, dr::Watch(&SlotOf(q, 0).state, 0));
   q->counted.store(direct_watch_ < 0, std::memory_order_relaxed);  // before kRecvRight is granted
   RefillDirectRecvLocked(true);
   PublishEndpointLocked();
@@ -102,21 +103,22 @@ void Qp::RefillDirectRecvLocked(bool idle) {
 }
 
 void Qp::SetRefillDueLocked(bool due) {
-  if (due == refill_due_) return;
+  if (due && !refill_due_) hca_.NoteRefillDue();
   refill_due_ = due;
-  hca_.NoteRefillDue(due);
 }
 
 bool Qp::TryRefillDirectRecvs() {
   std::unique_lock g(mu_, std::try_to_lock);
   if (!g.owns_lock()) return false;
   if (refill_due_) RefillDirectRecvLocked(true);
-  return true;
+  return !refill_due_;
 }
 
 // Pollers watch the slot of the next WQE to complete.
 void Qp::WatchNextLocked(DirectRecvQueue* q) {
-  hca_.WatchDirectRecv(direct_watch_, &SlotOf(q, direct_collected_).state, direct_collected_);
+  const std::atomic<uint32_t>* next = &SlotOf(q, direct_collected_).state;
+  hca_.WatchDirectRecv(direct_watch_, next, direct_collected_);
+  if (recv_cq_) recv_cq_->WatchDirectFeed(direct_feed_, dr::Watch(next, direct_collected_));
 }
 
 uint32_t Qp::NonEmptySges(const RecvWqe& w) {
@@ -130,10 +132,13 @@ void Qp::CollectDirectRecvsLocked() {
   if (DirectRecvQueue* q = DirectRqLocked()) CollectFromLocked(q);
 }
 
-// From `q`, the open block or one being closed (then nothing is published again).
-void Qp::CollectFromLocked(DirectRecvQueue* q) {
+// From `q`, the open block or one being closed (then nothing is published again). With `out`,
+// at most `room` completions go there instead of to the CQ (Cq::PollDirectFeeds, which holds the
+// CQ's lock); returns how many.
+int Qp::CollectFromLocked(DirectRecvQueue* q, ibv_wc* out, int room) {
+  int got = 0;
   bool any = false;
-  while (direct_collected_ != direct_posted_) {
+  while (direct_collected_ != direct_posted_ && (!out || got < room)) {
     DirectRecvSlot& s = SlotOf(q, direct_collected_);
     uint32_t st = s.state.load(std::memory_order_acquire);
     if (!dr::Is(st, dr::kDone, direct_collected_)) break;
@@ -160,17 +165,28 @@ void Qp::CollectFromLocked(DirectRecvQueue* q) {
       comm_est_raised_ = true;
       RaiseAsync(IBV_EVENT_COMM_EST);
     }
-    PushRecvCompletionLocked(0, wc, (flags & dr::kSolicited) != 0);
+    if (out)
+      out[got++] = wc;
+    else
+      PushRecvCompletionLocked(0, wc, (flags & dr::kSolicited) != 0);
   }
   if (any) {
     RefillDirectRecvLocked(false);
     WatchNextLocked(q);
   }
+  return got;
 }
 
 void Qp::CollectDirectRecvs() {
   std::lock_guard g(mu_);
   CollectDirectRecvsLocked();
+}
+
+int Qp::TryCollectDirectRecvsInto(ibv_wc* out, int room) {
+  std::unique_lock g(mu_, std::try_to_lock);
+  if (!g.owns_lock()) return 0;
+  DirectRecvQueue* q = DirectRqLocked();
+  return q ? CollectFromLocked(q, out, room) : 0;
 }
 
 bool Qp::TryCollectDirectRecvs() {
@@ -228,6 +244,8 @@ void Qp::CloseDirectRecvLocked() {
   DirectRecvQueue* q = DirectRqLocked();
   direct_rq_ = nullptr;  // in a fork child, the parent's: left alone
   direct_rq_refused_ = false;
+  if (recv_cq_) recv_cq_->RemoveDirectFeed(direct_feed_);  // also a fork child's (q is null there)
+  direct_feed_ = -1;
   if (!q) return;
   PublishEndpointLocked();  // no kRecvRight: no sender enters from now on
   link::SharedWindows::WaitRecvUsers(q);

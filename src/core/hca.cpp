@@ -383,7 +383,7 @@ int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next
   direct_qps_.push_back(std::move(qp));
   for (int i = 0; i < kWatchedRecvQueues; ++i)
     if (!watched_[i].load(std::memory_order_relaxed)) {
-      watched_[i].store(Watch(next_state, index), std::memory_order_relaxed);
+      watched_[i].store(link::direct_recv::Watch(next_state, index), std::memory_order_relaxed);
       return i;
     }
   unwatched_.fetch_add(1, std::memory_order_relaxed);
@@ -428,8 +428,12 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
 }
 
 void Hca::RefillDirectRecvs() {
+  // Cleared before the QPs are looked at: a QP that falls due after its look sets it again.
+  refill_due_.store(false, std::memory_order_relaxed);
   std::lock_guard g(direct_mu_);  // a QP's lock comes first: QPs are only tried
-  for (auto& qp : direct_qps_) qp->TryRefillDirectRecvs();
+  bool left = false;
+  for (auto& qp : direct_qps_) left = !qp->TryRefillDirectRecvs() || left;
+  if (left) refill_due_.store(true, std::memory_order_relaxed);
 }
 
 void Hca::OnBatchEnd() {

@@ -91,11 +91,13 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // SENDs placed by same-host peers are collected first (direct_recv.cpp).
   bool Progress(bool wait = false) {
     if (CollectDirectRecvs() && !wait) return true;
-    if (refills_due_.load(std::memory_order_relaxed) > 0) RefillDirectRecvs();
+    if (refill_due_.load(std::memory_order_relaxed)) RefillDirectRecvs();
     return endpoint_ && endpoint_->PollOnce(wait);
   }
-  // Receive queues whose refill a collection left to an idle moment (Qp::RefillDirectRecvLocked).
-  void NoteRefillDue(bool due) { refills_due_.fetch_add(due ? 1 : -1, std::memory_order_relaxed); }
+  // A receive queue's refill was left to an idle moment (Qp::RefillDirectRecvLocked): the next
+  // empty poll tries them all. A flag, not a count of such queues: the count's locked
+  // read-modify-write was on the path of every message a poll collected.
+  void NoteRefillDue() { refill_due_.store(true, std::memory_order_relaxed); }
   void RefillDirectRecvs();
   // QPs whose receive queue same-host peers may fill (direct_recv.cpp). Pollers watch the next
   // slot of the first kWatchedRecvQueues, without a lock (a slot pointer that went stale costs one
@@ -107,7 +109,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void RemoveDirectRecv(const Qp* qp, int watch);
   // `index`: the WQE count the slot is done for (its state's upper half).
   void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state, uint32_t index) {
-    if (watch >= 0) watched_[watch].store(Watch(next_state, index), std::memory_order_relaxed);
+    if (watch >= 0)
+      watched_[watch].store(link::direct_recv::Watch(next_state, index), std::memory_order_relaxed);
   }
   // Turns what peers placed into completions; false when they placed nothing. `catch_up`: also
   // when only the peers' count says so (the progress thread's rounds: the consumer's sleep waits
@@ -118,15 +121,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
     return CollectDirectRecvsSlow(catch_up || unwatched_.load(std::memory_order_relaxed) > 0, wait);
   }
   bool DirectRecvsReady() const {
-    for (const auto& w : watched_) {
-      uint64_t v = w.load(std::memory_order_relaxed);
-      if (!v) continue;
-      // The slot (a user-space address, below 2^48) and the count it is done for, in one word.
-      auto* s = reinterpret_cast<const std::atomic<uint32_t>*>(v & ((uint64_t{1} << 48) - 1));
-      if (link::direct_recv::Is(s->load(std::memory_order_acquire), link::direct_recv::kDone,
-                                static_cast<uint32_t>(v >> 48)))
-        return true;
-    }
+    for (const auto& w : watched_)
+      if (link::direct_recv::WatchSeesDone(w.load(std::memory_order_relaxed))) return true;
     return unwatched_.load(std::memory_order_relaxed) > 0 &&
            link::SharedWindows::Get().RecvsPending();
   }
@@ -221,12 +217,9 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   bool CollectDirectRecvsSlow(bool count, bool wait);
   link::FastMutex direct_mu_;  // after a QP's lock
   std::vector<std::shared_ptr<Qp>> direct_qps_;
-  static uint64_t Watch(const std::atomic<uint32_t>* state, uint32_t index) {
-    return reinterpret_cast<uint64_t>(state) | uint64_t{index & 0xffff} << 48;
-  }
   std::atomic<uint64_t> watched_[kWatchedRecvQueues] = {};
   std::atomic<int> unwatched_{0};
-  std::atomic<int> refills_due_{0};
+  std::atomic<bool> refill_due_{false};
 };
 
 }  // namespace softrdma::core

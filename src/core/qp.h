@@ -146,8 +146,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
   void CollectDirectRecvs();
   bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
+  // Into the caller's array (Cq::PollDirectFeeds): how many; 0 also when the QP is busy.
+  int TryCollectDirectRecvsInto(ibv_wc* out, int room);
   // Publishes the receive WQEs a collection left to an idle moment; false: the QP is busy.
-  bool TryRefillDirectRecvs();
+  bool TryRefillDirectRecvs();  // false: busy, or still due
   // Runs expired timers; returns the next wake-up wanted (INT64_MAX: none) and sets `*due` to the
   // exact next deadline (at or before the wake-up: a deferred ACK's is checked by the passes that
   // run anyway, its wake-up is coarse).
@@ -200,7 +202,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void RefillDirectRecvLocked(bool idle);
   void SetRefillDueLocked(bool due);
   void CollectDirectRecvsLocked();
-  void CollectFromLocked(link::DirectRecvQueue* q);
+  int CollectFromLocked(link::DirectRecvQueue* q, ibv_wc* out = nullptr, int room = 0);
   void WatchNextLocked(link::DirectRecvQueue* q);
   bool UnpublishDirectRecvsLocked();
   void CloseDirectRecvLocked();
@@ -345,8 +347,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
   link::DirectRecvQueue* direct_rq_ = nullptr;
   bool direct_rq_refused_ = false;
-  bool refill_due_ = false;  // counted in Hca::refills_due_
+  bool refill_due_ = false;  // Hca::refill_due_ was set when it became true
   int direct_watch_ = -1;    // its entry in the HCA's watched receive queues, if it has one
+  int direct_feed_ = -1;     // its entry in recv_cq_'s direct feeds, if it has one
   uint32_t direct_posted_ = 0, direct_collected_ = 0;
   static constexpr int64_t kDatagramWaitNs = 5'000'000;
   int64_t datagram_wait_since_ = 0;  // non-zero: a datagram waits (or waited) for a WQE

@@ -79,6 +79,19 @@ constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
 constexpr bool Is(uint32_t state, uint32_t what, uint32_t index) {
   return (state & 0xff) == what && (state >> 16) == (index & 0xffff);
 }
+// What a poller watches: the slot of the next WQE to complete and the count it is done for, in one
+// word (a user-space address is below 2^48), so that a lock-free look reads both at once. 0: none.
+inline uint64_t Watch(const std::atomic<uint32_t>* state, uint32_t index) {
+  return reinterpret_cast<uint64_t>(state) | uint64_t{index & 0xffff} << 48;
+}
+// Whether the watched slot is done. The slot may have gone stale since (a collection moved on,
+// the queue closed): that costs the caller one collection that finds nothing, never a fault, as
+// the table is never unmapped.
+inline bool WatchSeesDone(uint64_t watch) {
+  if (!watch) return false;
+  auto* s = reinterpret_cast<const std::atomic<uint32_t>*>(watch & ((uint64_t{1} << 48) - 1));
+  return Is(s->load(std::memory_order_acquire), kDone, static_cast<uint32_t>(watch >> 48));
+}
 }  // namespace direct_recv
 
 struct DirectRecvSge {
