@@ -32,11 +32,15 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
   {
     std::lock_guard g(mu_);
     if (overflowed_) return false;
-    // Only while nothing is queued (it would come first) and nobody waits for an event.
-    if (PollTarget* t = t_poll_target; t && t->cq == this && t->got < t->room && count_ == 0 &&
-                                       armed_ == kDisarmed && !timestamps_) {
-      t->out[t->got++] = wc;
-      return true;
+    // Only while nothing is queued (it would come first) and nobody waits for an event. The
+    // thread-local is read last: it costs a library call, which most pushes (a send completion
+    // made by ibv_post_send) need not pay.
+    if (count_ == 0 && armed_ == kDisarmed && !timestamps_ &&
+        progressing_.load(std::memory_order_relaxed)) {
+      if (PollTarget* t = t_poll_target; t && t->cq == this && t->got < t->room) {
+        t->out[t->got++] = wc;
+        return true;
+      }
     }
     if (count_ == ring_.size() - 1) {
       overflowed_ = true;
@@ -76,17 +80,29 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 }
 
 int Cq::Poll(int n, ibv_wc* out) {
-  if (n > 0 && feed_count_.load(std::memory_order_relaxed) > 0 && DirectFeedReady()) {
-    if (int got = PollDirectFeeds(n, out); got > 0) {
-      ctx_.hca().PollerActive();
-      return got;
+  if (n > 0 && feed_count_.load(std::memory_order_relaxed) > 0) {
+    if (DirectFeedReady()) {
+      if (int got = PollDirectFeeds(n, out); got > 0) {
+        ctx_.hca().PollerActive();
+        return got;
+      }
+    } else if (!queued_.load(std::memory_order_acquire)) {
+      // The rest of the HCA's work (frames, the lease) runs at every kPollsPerProgress-th empty
+      // poll only, or at once when a receive queue waits for its refill: a poll that runs it takes
+      // several times as long as the look above, and a message that lands meanwhile waits for
+      // its end. A count, not a sequence: pollers racing on it only make the rhythm uneven.
+      const uint32_t k = empty_polls_.load(std::memory_order_relaxed);
+      empty_polls_.store(k + 1, std::memory_order_relaxed);
+      if (k % kPollsPerProgress != 0 && !ctx_.hca().RefillDue()) return 0;
     }
   }
   int got = queued_.load(std::memory_order_acquire) ? PollLocked(n, out) : 0;
   if (got == 0 && n > 0) {
     PollTarget target{this, out, n, 0};
     t_poll_target = &target;
+    progressing_.store(true, std::memory_order_relaxed);
     bool worked = ctx_.hca().Progress();
+    progressing_.store(false, std::memory_order_relaxed);
     t_poll_target = nullptr;
     got = target.got;
     if (worked && got < n) got += PollLocked(n - got, out + got);

@@ -97,6 +97,12 @@ class Cq {
   };
   DirectFeed feeds_[kDirectFeeds];
   std::atomic<int> feed_count_{0};
+  // A poll of this CQ runs the HCA's work and takes completions for it directly (cq.cpp,
+  // PollTarget). Only a hint for Push: with two such polls at once, one may clear it while the
+  // other runs, whose completions then go through the ring.
+  std::atomic<bool> progressing_{false};
+  static constexpr uint32_t kPollsPerProgress = 8;
+  std::atomic<uint32_t> empty_polls_{0};
 };
 
 }  // namespace softrdma::core

@@ -91,13 +91,14 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // SENDs placed by same-host peers are collected first (direct_recv.cpp).
   bool Progress(bool wait = false) {
     if (CollectDirectRecvs() && !wait) return true;
-    if (refill_due_.load(std::memory_order_relaxed)) RefillDirectRecvs();
+    if (RefillDue()) RefillDirectRecvs();
     return endpoint_ && endpoint_->PollOnce(wait);
   }
   // A receive queue's refill was left to an idle moment (Qp::RefillDirectRecvLocked): the next
   // empty poll tries them all. A flag, not a count of such queues: the count's locked
   // read-modify-write was on the path of every message a poll collected.
   void NoteRefillDue() { refill_due_.store(true, std::memory_order_relaxed); }
+  bool RefillDue() const { return refill_due_.load(std::memory_order_relaxed); }
   void RefillDirectRecvs();
   // QPs whose receive queue same-host peers may fill (direct_recv.cpp). Pollers watch the next
   // slot of the first kWatchedRecvQueues, without a lock (a slot pointer that went stale costs one
