@@ -196,21 +196,31 @@ bool Qp::TryCollectDirectRecvs() {
   return true;
 }
 
+// The owner takes published WQEs [direct_collected_, to) itself, when the peer has taken none of
+// them: by compare-and-swap of the count, as the peer takes them (a seal raised meanwhile is kept),
+// and marks their slots taken back (a seal waits for taken slots that are not).
+bool Qp::TakePublishedLocked(DirectRecvQueue* q, uint32_t to) {
+  uint64_t t = q->taken.load(std::memory_order_acquire);
+  do {
+    if (dr::TakenCount(t) != direct_collected_) return false;  // the peer is placing one
+  } while (!q->taken.compare_exchange_weak(t, dr::WithCount(t, to), std::memory_order_acq_rel));
+  for (; direct_collected_ != to; ++direct_collected_)
+    SlotOf(q, direct_collected_)
+        .state.store(dr::State(dr::kTakenBack, direct_collected_), std::memory_order_release);
+  WatchNextLocked(q);
+  return true;
+}
+
 // The responder takes a WQE for a SEND that came as a frame. Published WQEs are taken by
 // compare-and-swap, as the peer takes them; those the peer took come first.
 bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
   DirectRecvQueue* q = DirectRqLocked();
   if (!q) return rq_->Pop(out);
   CollectDirectRecvsLocked();
-  if (q->taken.load(std::memory_order_acquire) != direct_collected_)
+  if (dr::TakenCount(q->taken.load(std::memory_order_acquire)) != direct_collected_)
     return false;  // the peer is placing one: this SEND overtook it (the peer sent it after)
-  if (direct_collected_ != direct_posted_) {
-    uint32_t expected = direct_collected_;
-    if (!q->taken.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
-      return false;
-    ++direct_collected_;
-    WatchNextLocked(q);
-  }
+  if (direct_collected_ != direct_posted_ && !TakePublishedLocked(q, direct_collected_ + 1))
+    return false;
   if (!rq_->Pop(out)) return false;
   RefillDirectRecvLocked(false);
   return true;
@@ -222,12 +232,7 @@ bool Qp::UnpublishDirectRecvsLocked() {
   DirectRecvQueue* q = DirectRqLocked();
   if (!q) return true;
   CollectDirectRecvsLocked();
-  uint32_t expected = direct_collected_;
-  if (!q->taken.compare_exchange_strong(expected, direct_posted_, std::memory_order_acq_rel))
-    return false;
-  direct_collected_ = direct_posted_;
-  WatchNextLocked(q);
-  return true;
+  return TakePublishedLocked(q, direct_posted_);
 }
 
 // A WQE the responder took goes back to the head of the queue (RxAbort): the published ones
@@ -247,8 +252,8 @@ void Qp::CloseDirectRecvLocked() {
   if (recv_cq_) recv_cq_->RemoveDirectFeed(direct_feed_);  // also a fork child's (q is null there)
   direct_feed_ = -1;
   if (!q) return;
-  PublishEndpointLocked();  // no kRecvRight: no sender enters from now on
-  link::SharedWindows::WaitRecvUsers(q);
+  PublishEndpointLocked();  // no kRecvRight: no sender takes a WQE once the queue is sealed
+  link::SharedWindows::SealRecvQueue(q);
   CollectFromLocked(q);
   link::SharedWindows::Get().ReleaseRecvQueue(q);
   SetRefillDueLocked(false);
@@ -260,16 +265,14 @@ void Qp::CloseDirectRecvLocked() {
 bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                              const uint32_t* lens, uint32_t n) {
   const uint32_t dqpn = attr_.dest_qp_num;
-  // Counted in the queue, the sender may write into the windows of its WQEs: a withdrawal waits
-  // for it (SharedWindows::Withdraw).
-  DirectRecvQueue* q = peer->EnterRecvQueue(dqpn);
+  // Once it took a WQE from `taken` as read here, before any check, the sender may write into the
+  // windows its checks passed: a withdrawal seals the queue, then waits for taken WQEs to be done
+  // (SharedWindows::Withdraw).
+  uint64_t taken;
+  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken);
   if (!q) return false;
-  struct Leave {
-    DirectRecvQueue* q;
-    ~Leave() { link::PeerWindows::LeaveRecvQueue(q); }
-  } leave{q};
   // Whether the WQE is published is the slot's to say (its state names the WQE's count).
-  const uint32_t t = q->taken.load(std::memory_order_acquire);
+  const uint32_t t = dr::TakenCount(taken);
   DirectRecvSlot& s = SlotOf(q, t);
   // Exclusive at once: the slot is read, then written (a read alone fetches a shared copy, and the
   // write then costs a second transfer).
@@ -290,8 +293,10 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     left -= cap[pieces++];
   }
   if (left > 0) return false;  // too small: LOC_LEN_ERR by the long way
-  uint32_t expected = t;
-  if (!q->taken.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) return false;
+  uint64_t expected = taken;
+  if (!q->taken.compare_exchange_strong(expected, dr::WithCount(taken, t + 1),
+                                        std::memory_order_acq_rel))
+    return false;
 
   // Scatter the payload (inline, or gathered from the local pieces) into the peer's buffers.
   uint32_t di = 0, doff = 0;

@@ -205,6 +205,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int CollectFromLocked(link::DirectRecvQueue* q, ibv_wc* out = nullptr, int room = 0);
   void WatchNextLocked(link::DirectRecvQueue* q);
   bool UnpublishDirectRecvsLocked();
+  bool TakePublishedLocked(link::DirectRecvQueue* q, uint32_t to);
   void CloseDirectRecvLocked();
   // The own receive queue's next WQE, for a SEND that came as a frame; and back when it failed.
   bool TakeOwnRecvLocked(RecvWqe* out);

@@ -107,8 +107,8 @@ void SharedWindows::Withdraw(uint32_t key) {
     if (k != key) continue;
     e.key.store(kWindowTombstone, std::memory_order_seq_cst);
     WaitUntilUnused(e.users);
-    // A sender placing a SEND counts itself in the receive queue, not in each window it writes.
-    for (DirectRecvQueue* q : claimed_) WaitUntilUnused(q->users);
+    // A sender placing a SEND counts itself nowhere: it took a WQE after its checks.
+    for (DirectRecvQueue* q : claimed_) SealRecvQueue(q);
     return;
   }
 }
@@ -131,8 +131,10 @@ DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
   if (!q.owner.compare_exchange_strong(free, id, std::memory_order_acq_rel) && free != id)
     return nullptr;
   // No sender can be inside: the endpoint did not grant kRecvRight since the block was released.
-  q.taken.store(0, std::memory_order_relaxed);
+  // A new seal all the same: a sender that read `taken` before then must not take at count 0.
   for (DirectRecvSlot& s : q.slots) s.state.store(0, std::memory_order_relaxed);
+  const uint64_t t = q.taken.load(std::memory_order_relaxed);
+  q.taken.store(direct_recv::WithCount(t + direct_recv::kSealStep, 0), std::memory_order_release);
   if (free == 0) claimed_.push_back(&q);
   return &q;
 }
@@ -144,8 +146,23 @@ void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
   q->owner.store(0, std::memory_order_release);
 }
 
-void SharedWindows::WaitRecvUsers(DirectRecvQueue* q) {
-  WaitUntilUnused(q->users);
+void SharedWindows::SealRecvQueue(DirectRecvQueue* q) {
+  namespace dr = direct_recv;
+  const uint32_t count =
+      dr::TakenCount(q->taken.fetch_add(dr::kSealStep, std::memory_order_seq_cst));
+  // Taken WQEs are among the last kDirectRecvSlots (none is published further ahead of the
+  // owner's collection); one still posted under its own count is being placed.
+  auto placing = [&] {
+    for (uint32_t i = count - kDirectRecvSlots; i != count; ++i)
+      if (dr::Is(q->slots[i % kDirectRecvSlots].state.load(std::memory_order_acquire), dr::kPosted,
+                 i))
+        return true;
+    return false;
+  };
+  auto start = std::chrono::steady_clock::now();
+  while (placing() &&
+         std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
+    sched_yield();
 }
 
 void SharedWindows::AfterForkInChild() {
@@ -193,18 +210,16 @@ PeerWindows::~PeerWindows() {
   close(arena_fd_);
 }
 
-DirectRecvQueue* PeerWindows::EnterRecvQueue(uint32_t endpoint) {
+DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken) {
   const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
   DirectRecvQueue& q = table_->recvs[endpoint % kEndpointSlots];
-  if (!(ep.rights.load(std::memory_order_acquire) & kRecvRight)) return nullptr;
-  q.users.fetch_add(1, std::memory_order_seq_cst);
-  // Counted in first, then checked: an owner closing the endpoint either sees us or we see it.
-  if (ep.id.load(std::memory_order_seq_cst) != endpoint ||
-      !(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
-      q.owner.load(std::memory_order_acquire) != endpoint) {
-    LeaveRecvQueue(&q);
+  // `taken` first, then the checks: an owner that revoked and sealed either fails our take or
+  // is seen revoked.
+  *taken = q.taken.load(std::memory_order_seq_cst);
+  if (!(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
+      ep.id.load(std::memory_order_seq_cst) != endpoint ||
+      q.owner.load(std::memory_order_seq_cst) != endpoint)
     return nullptr;
-  }
   return &q;
 }
 

@@ -9,8 +9,10 @@
 // A window being withdrawn (deregistration) waits until no peer is inside an access: a peer
 // counts itself in (users), then re-checks the key; the owner invalidates the key, then waits for
 // the count to drop (bounded: a peer that died inside an access cannot block it forever). A peer
-// placing a SEND counts itself in the receive queue instead (one count for all the pieces), and
-// a withdrawal waits for the senders of every open receive queue as well.
+// placing a SEND counts nothing: it takes a WQE of the receive queue by compare-and-swap from a
+// value read before its checks, and a withdrawal seals every open receive queue (the swaps of
+// senders between their checks and their take fail) and waits for the WQEs already taken to be
+// done (DirectRecvQueue).
 #pragma once
 
 #include <atomic>
@@ -60,7 +62,15 @@ constexpr uint32_t kRecvRight = 1u << 30;
 // `taken` by compare-and-swap, so a WQE is taken once. A sender that placed the message marks
 // the slot done and counts it in WindowTable::recvs_done; the owner turns done slots into
 // completions, in order. The header line is the sender's: the owner writes it only to open,
-// close, or take WQEs back, so that it stays in the sender's cache from message to message.
+// close, seal, or take WQEs back, so that it stays in the sender's cache from message to message.
+//
+// `taken` holds the count of WQEs taken (low half) and a seal (high half). A sender reads it
+// before it checks the endpoint and the windows of the WQE's pieces, and takes the WQE by
+// compare-and-swap from what it read. To close the queue or withdraw a window, the owner first
+// revokes (the endpoint's right, the window's key), then seals: it raises the seal, so that the
+// swap of a sender that checked before the revocation fails, and waits (bounded) until every WQE
+// taken before is done. A sender that read `taken` after the seal sees the revocation. So no
+// sender counts itself in or out: that was two locked instructions on every message's path.
 constexpr uint32_t kDirectRecvSlots = 8;
 // Published WQEs at or below which the owner refills at once, even where its application waits.
 constexpr uint32_t kDirectRecvLow = 2;
@@ -69,15 +79,24 @@ constexpr uint32_t kDirectRecvSges = 3;
 // so that a state left from the slot's previous use never reads as current: neither side clears
 // a slot after use (a store to a line the other side just wrote costs a transfer on the path).
 namespace direct_recv {
-constexpr uint32_t kPosted = 1;   // owner: the WQE's scatter list is in the slot
-constexpr uint32_t kDone = 2;     // sender: the message is placed; byte_len, imm and flags are set
-constexpr uint32_t kWithImm = 1;  // slot flags
+constexpr uint32_t kPosted = 1;  // owner: the WQE's scatter list is in the slot
+constexpr uint32_t kDone = 2;    // sender: the message is placed; byte_len, imm and flags are set
+constexpr uint32_t kTakenBack = 3;  // owner: it took the WQE itself (a frame's SEND, a close)
+constexpr uint32_t kWithImm = 1;    // slot flags
 constexpr uint32_t kSolicited = 2;  // slot flags
 constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
   return what | (flags << 8) | (index << 16);
 }
 constexpr bool Is(uint32_t state, uint32_t what, uint32_t index) {
   return (state & 0xff) == what && (state >> 16) == (index & 0xffff);
+}
+// DirectRecvQueue::taken: the count and the seal.
+constexpr uint64_t kSealStep = uint64_t{1} << 32;
+constexpr uint32_t TakenCount(uint64_t taken) {
+  return static_cast<uint32_t>(taken);
+}
+constexpr uint64_t WithCount(uint64_t taken, uint32_t count) {
+  return (taken & ~uint64_t{0xffffffff}) | count;
 }
 // What a poller watches: the slot of the next WQE to complete and the count it is done for, in one
 // word (a user-space address is below 2^48), so that a lock-free look reads both at once. 0: none.
@@ -112,15 +131,16 @@ static_assert(sizeof(DirectRecvSlot) == 64);
 
 struct alignas(64) DirectRecvQueue {
   std::atomic<uint32_t> owner;  // the endpoint id using this block, 0: free
-  std::atomic<uint32_t> taken;  // WQEs taken, by the sender or the owner (slot = count % slots)
-  std::atomic<uint32_t> users;  // senders inside
   // The owner finds done slots by WindowTable::recvs_done, which senders then count up; else it
   // watches the next slot itself.
   std::atomic<uint32_t> counted;
+  // WQEs taken, by the sender or the owner (slot = count % slots), and the seal: see above.
+  std::atomic<uint64_t> taken;
   char pad[48];
   DirectRecvSlot slots[kDirectRecvSlots];
 };
 static_assert(sizeof(DirectRecvQueue) == 64 + 64 * kDirectRecvSlots);
+static_assert(offsetof(DirectRecvQueue, taken) == 8);
 static_assert(offsetof(DirectRecvQueue, slots) == 64);
 
 struct WindowTable {
@@ -145,12 +165,13 @@ class SharedWindows {
   void SetEndpoint(uint32_t id, uint32_t domain, uint32_t rights);
   // The receive-queue block of endpoint `id`, claimed for it; nullptr when another endpoint holds
   // the block or there is no table. Release gives it back (no sender may be inside: close the
-  // endpoint's kRecvRight and WaitRecvUsers first). Withdraw waits for the senders of every
-  // claimed block.
+  // endpoint's kRecvRight and SealRecvQueue first). Withdraw seals every claimed block.
   DirectRecvQueue* ClaimRecvQueue(uint32_t id);
   void ReleaseRecvQueue(DirectRecvQueue* q);
-  // Waits (bounded, as Withdraw) until no sender is inside `q`.
-  static void WaitRecvUsers(DirectRecvQueue* q);
+  // Fails the take of every sender of `q` that checked its way in before a revocation the caller
+  // made, then waits (bounded, as Withdraw) until every WQE taken before is done or was taken back
+  // by the owner (whose slots say so: direct_recv::kTakenBack).
+  static void SealRecvQueue(DirectRecvQueue* q);
   // Whether senders marked slots done since the last TakeRecvsDone (lock-free; a store-load fence
   // first, so that a consumer that just declared itself asleep sees what came before).
   bool RecvsPending() const {
@@ -228,17 +249,14 @@ class PeerWindows {
     }
     return EnterByLookup(key, endpoint, addr, len, rights, w, memo);
   }
-  // The same checks, counting nothing: for a SEND's pieces, placed while the sender is counted in
-  // a receive queue of this peer (EnterRecvQueue), which a withdrawal waits for.
+  // The same checks, counting nothing: for a SEND's pieces, checked after OpenRecvQueue and
+  // written only once a WQE was taken from what it returned (a withdrawal seals the queue).
   uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights);
   static void Leave(WindowEntry* w) { w->users.fetch_sub(1, std::memory_order_release); }
 
-  // The receive queue of endpoint `endpoint`, with the sender counted in (LeaveRecvQueue after),
-  // when the endpoint is open to direct SENDs; nullptr otherwise.
-  DirectRecvQueue* EnterRecvQueue(uint32_t endpoint);
-  static void LeaveRecvQueue(DirectRecvQueue* q) {
-    q->users.fetch_sub(1, std::memory_order_release);
-  }
+  // The receive queue of endpoint `endpoint` when the endpoint is open to direct SENDs (nullptr
+  // otherwise), and in *taken its `taken`, read before that check: the value to take a WQE from.
+  DirectRecvQueue* OpenRecvQueue(uint32_t endpoint, uint64_t* taken);
   // Counts a slot marked done (after its state), for the owner to collect.
   void NoteRecvDone() { table_->recvs_done.fetch_add(1, std::memory_order_seq_cst); }
 

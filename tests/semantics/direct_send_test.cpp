@@ -398,6 +398,28 @@ TEST_F(DirectSend, DestroyingTheReceiverWhileThePeerSendsIsPromptAndFailsThePeer
   EXPECT_NE(st, IBV_WC_SUCCESS);
 }
 
+// A SEND that takes the long way while WQEs are published (zero bytes always does) takes the first
+// of them back from the peer, and marks its slot so: a withdrawal later, which seals the queue and
+// waits for the WQEs peers took, does not wait for it (it waited out its bound, 200 ms, before).
+TEST_F(DirectSend, AWqeTheResponderTookBackHoldsUpNoWithdrawal) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 1), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(4096, 256)}, 2), 0);
+  ASSERT_EQ(Send(0), IBV_WC_SUCCESS);  // by frames, into WQE 1
+  ASSERT_EQ(Send(8), IBV_WC_SUCCESS);  // placed directly into WQE 2
+  auto wcs = PollN(q->rcq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].byte_len, 0u);
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(wcs[1].byte_len, 8u);
+  Region other;
+  ASSERT_TRUE(other.Make(v.pd));
+  auto start = Clock::now();
+  other.Free();  // ibv_dereg_mr: a withdrawal
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(150));
+}
+
 // A poll collects placed messages into the caller's array itself (Cq::PollDirectFeeds): never
 // more than it asked for, the rest in order at the next polls, with their own lengths.
 TEST_F(DirectSend, APollTakesNoMoreThanItAsksForAndTheRestFollowInOrder) {

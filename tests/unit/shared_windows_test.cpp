@@ -1,6 +1,6 @@
 // The direct-access table as a peer sees it: a window is reached through an endpoint that grants
 // the right, and a withdrawal waits until no peer can still write into the window, including a
-// sender counted only in a receive queue (whose SENDs' pieces are not counted per window).
+// sender that took a WQE of a receive queue (whose SENDs' pieces are not counted per window).
 #include "link/shared_windows.h"
 
 #include <sys/mman.h>
@@ -43,21 +43,32 @@ struct Fixture {
     SharedMemory::Get().Unshare(shared, base);
     munmap(base, kLen);
   }
+  // The owner publishes WQE 0; the peer opens the queue, reading its `taken` into *taken.
+  DirectRecvQueue* OpenWithOneWqe(uint64_t* taken) {
+    if (!own_queue || !peer) return nullptr;
+    own_queue->slots[0].state.store(direct_recv::State(direct_recv::kPosted, 0));
+    return peer->OpenRecvQueue(kEndpoint, taken);
+  }
   uint8_t* base;
   uint64_t shared;
   DirectRecvQueue* own_queue;
   PeerWindows* peer;
 };
 
-TEST(SharedWindows, AWithdrawalWaitsForASenderCountedInAReceiveQueue) {
+namespace dr = direct_recv;
+
+// A sender that took a WQE (compare-and-swap of `taken` from what it read before its checks) may
+// write into the windows its checks passed until it marks the slot done: a withdrawal waits.
+TEST(SharedWindows, AWithdrawalWaitsForASenderThatTookAWqe) {
   Fixture f;
-  ASSERT_NE(f.own_queue, nullptr);
-  ASSERT_NE(f.peer, nullptr);
   const uint64_t addr = reinterpret_cast<uintptr_t>(f.base) + 4096;
-  DirectRecvQueue* q = f.peer->EnterRecvQueue(kEndpoint);
+  uint64_t taken = 0;
+  DirectRecvQueue* q = f.OpenWithOneWqe(&taken);
   ASSERT_NE(q, nullptr);
+  ASSERT_EQ(dr::TakenCount(taken), 0u);
   uint8_t* p = f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight);
-  ASSERT_NE(p, nullptr);  // reached: the sender may now write there
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(q->taken.compare_exchange_strong(taken, dr::WithCount(taken, 1)));
 
   using Clock = std::chrono::steady_clock;
   constexpr auto kInside = std::chrono::milliseconds(60);
@@ -68,12 +79,44 @@ TEST(SharedWindows, AWithdrawalWaitsForASenderCountedInAReceiveQueue) {
     took = Clock::now() - t0;
   });
   std::this_thread::sleep_for(kInside);
-  p[0] = 1;  // the sender's write, before it leaves: the region must still be there
-  PeerWindows::LeaveRecvQueue(q);
+  p[0] = 1;  // the sender's write, before it marks the slot done: the region must still be there
+  q->slots[0].state.store(dr::State(dr::kDone, 0));
   dereg.join();
   EXPECT_GE(took, kInside - std::chrono::milliseconds(10))
       << "the withdrawal returned while a sender could still write into the window";
   EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight), nullptr);
+}
+
+// A sender that passed its checks but had not taken a WQE when the window was withdrawn cannot take
+// one from what it read: its compare-and-swap fails, and its checks, made again, refuse.
+TEST(SharedWindows, AWithdrawalFailsTheTakeOfASenderThatCheckedBeforeIt) {
+  Fixture f;
+  const uint64_t addr = reinterpret_cast<uintptr_t>(f.base);
+  uint64_t taken = 0;
+  DirectRecvQueue* q = f.OpenWithOneWqe(&taken);
+  ASSERT_NE(q, nullptr);
+  ASSERT_NE(f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight), nullptr);
+  SharedWindows::Get().Withdraw(kKey);  // nothing taken: it does not wait
+  uint64_t expected = taken;
+  EXPECT_FALSE(q->taken.compare_exchange_strong(expected, dr::WithCount(taken, 1)))
+      << "a sender took a WQE with checks made before the withdrawal";
+  EXPECT_EQ(dr::TakenCount(q->taken.load()), 0u);
+  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight), nullptr);
+}
+
+// Closing the endpoint (its kRecvRight revoked, then the queue sealed) fails the take of a sender
+// that opened the queue before; one that opens it after is refused.
+TEST(SharedWindows, ASealedQueueRefusesTheTakeOfASenderThatOpenedItBefore) {
+  Fixture f;
+  uint64_t taken = 0;
+  DirectRecvQueue* q = f.OpenWithOneWqe(&taken);
+  ASSERT_NE(q, nullptr);
+  SharedWindows::Get().SetEndpoint(kEndpoint, kDomain, 0);
+  SharedWindows::SealRecvQueue(f.own_queue);
+  uint64_t expected = taken;
+  EXPECT_FALSE(q->taken.compare_exchange_strong(expected, dr::WithCount(taken, 1)));
+  uint64_t again = 0;
+  EXPECT_EQ(f.peer->OpenRecvQueue(kEndpoint, &again), nullptr);
 }
 
 TEST(SharedWindows, APieceIsReachedOnlyThroughAnEndpointGrantingTheRightAndInsideTheWindow) {
