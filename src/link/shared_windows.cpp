@@ -17,13 +17,19 @@ namespace {
 constexpr size_t kArenaReserve = size_t{64} << 30;  // virtual: the arena may grow this far
 constexpr int64_t kWithdrawWaitNs = 200'000'000;
 
-// Waits until no peer counts itself in `users`: bounded, since a peer that died inside an access
+// Waits while `busy()` says a peer is inside an access: bounded, since a peer that died inside
 // cannot block its owner forever.
-void WaitUntilUnused(const std::atomic<uint32_t>& users) {
+template <typename Busy>
+void WaitWhile(Busy busy) {
   auto start = std::chrono::steady_clock::now();
-  while (users.load(std::memory_order_seq_cst) != 0 &&
+  while (busy() &&
          std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
     sched_yield();
+}
+
+// Until no peer counts itself in `users`.
+void WaitUntilUnused(const std::atomic<uint32_t>& users) {
+  WaitWhile([&] { return users.load(std::memory_order_seq_cst) != 0; });
 }
 
 uint32_t Hash(uint32_t key) {
@@ -152,17 +158,13 @@ void SharedWindows::SealRecvQueue(DirectRecvQueue* q) {
       dr::TakenCount(q->taken.fetch_add(dr::kSealStep, std::memory_order_seq_cst));
   // Taken WQEs are among the last kDirectRecvSlots (none is published further ahead of the
   // owner's collection); one still posted under its own count is being placed.
-  auto placing = [&] {
+  WaitWhile([&] {
     for (uint32_t i = count - kDirectRecvSlots; i != count; ++i)
       if (dr::Is(q->slots[i % kDirectRecvSlots].state.load(std::memory_order_acquire), dr::kPosted,
                  i))
         return true;
     return false;
-  };
-  auto start = std::chrono::steady_clock::now();
-  while (placing() &&
-         std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(kWithdrawWaitNs))
-    sched_yield();
+  });
 }
 
 void SharedWindows::AfterForkInChild() {
