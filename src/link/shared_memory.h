@@ -10,9 +10,8 @@
 // pages back to private anonymous memory (when they are still the arena's) and frees the arena
 // space. A fork()ed child gets private copies, as fork() gives of any private memory.
 //
-// Moving pages copies them first: a thread writing into the region's pages while it is being
-// registered or deregistered can lose that write. Programs register buffers before using them
-// for I/O; see docs/architecture.md §12.
+// Moving pages copies them first; meanwhile they are read-only, and a thread writing into them
+// waits for the move's end (link/page_move_guard.h) instead of losing its write.
 #pragma once
 
 #include <cstddef>

@@ -2,16 +2,22 @@
 // nested registrations are counted, deregistering gives private memory back, and a fork()ed
 // child gets its own copy.
 #include "link/shared_memory.h"
+#include "link/sanitizers.h"
 
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace softrdma::link {
@@ -289,6 +295,106 @@ TEST(SharedMemory, AForkedChildWritesItsOwnCopy) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child saw other contents";
   EXPECT_TRUE(b.Intact()) << "the child's writes reached the parent";
   mem.Unshare(id, b.base);
+}
+
+// A thread writing into a region's pages while another moves them (registration, deregistration):
+// kWrites words, one every kWritePause, the pass longer than the move. Moving copies the pages,
+// then maps the copy in their place; a write landing in between went to the dropped page.
+constexpr size_t kMoveLen = 32 << 20;  // ~50 ms to move here, more under a sanitizer
+constexpr size_t kWrites = 16384;      // the first 128 KiB of the region
+constexpr auto kWritePause = std::chrono::microseconds(10);
+
+// The move's copy reads what the writer wrote before the pages turned read-only; ThreadSanitizer
+// sees no order between the two (the fault is the order) and reports a race.
+constexpr const char* kUnseenByTsan = "the order is a page fault, which ThreadSanitizer cannot see";
+
+struct PacedWriter {
+  explicit PacedWriter(uint64_t* at) : words(at) {
+    thread = std::thread([this] {
+      for (size_t i = 0; i < kWrites; ++i) {
+        words[i] = i + 1;
+        started.store(true, std::memory_order_release);
+        const auto until = std::chrono::steady_clock::now() + kWritePause;
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      }
+    });
+    while (!started.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  // The words whose write was lost, after the pass.
+  size_t Lost() {
+    thread.join();
+    size_t lost = 0;
+    for (size_t i = 0; i < kWrites; ++i) lost += words[i] != i + 1;
+    return lost;
+  }
+  uint64_t* words;
+  std::atomic<bool> started{false};
+  std::thread thread;
+};
+
+uint8_t* ZeroedMapping(size_t len) {
+  void* m =
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+}
+
+TEST(SharedMemory, AWriteWhileARegistrationMovesThePagesIsKept) {
+  if (kThreadSanitizer) GTEST_SKIP() << kUnseenByTsan;
+  SharedMemory& mem = SharedMemory::Get();
+  uint8_t* m = ZeroedMapping(kMoveLen);
+  ASSERT_NE(m, nullptr);
+  PacedWriter writer(reinterpret_cast<uint64_t*>(m));
+  const uint64_t id = mem.Share(m, kMoveLen);
+  EXPECT_TRUE(mem.Find(m, 10).shared);
+  EXPECT_EQ(writer.Lost(), 0u) << "writes landed in pages the registration dropped";
+  mem.Unshare(id, m);
+  munmap(m, kMoveLen);
+}
+
+TEST(SharedMemory, AWriteWhileADeregistrationMovesThePagesIsKept) {
+  if (kThreadSanitizer) GTEST_SKIP() << kUnseenByTsan;
+  SharedMemory& mem = SharedMemory::Get();
+  uint8_t* m = ZeroedMapping(kMoveLen);
+  ASSERT_NE(m, nullptr);
+  const uint64_t id = mem.Share(m, kMoveLen);
+  ASSERT_TRUE(mem.Find(m, 10).shared);
+  PacedWriter writer(reinterpret_cast<uint64_t*>(m));
+  mem.Unshare(id, m);
+  EXPECT_FALSE(mem.Find(m, 10).shared);
+  EXPECT_EQ(writer.Lost(), 0u) << "writes landed in pages the deregistration dropped";
+  munmap(m, kMoveLen);
+}
+
+sigjmp_buf g_fault_jump;
+void JumpBack(int) {
+  siglongjmp(g_fault_jump, 1);
+}
+
+// Our SIGSEGV handler waits out moves only; any other fault reaches the application's handler,
+// installed before or after a move.
+TEST(SharedMemory, FaultsNotOfAMoveReachTheApplicationsHandler) {
+  SharedMemory& mem = SharedMemory::Get();
+  struct sigaction app {
+  }, before{};
+  app.sa_handler = JumpBack;
+  sigemptyset(&app.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &app, &before), 0);
+  uint8_t* m = ZeroedMapping(kLen);
+  ASSERT_NE(m, nullptr);
+  const uint64_t id = mem.Share(m, kLen);  // ours goes in, the application's behind it
+  void* locked = mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(locked, MAP_FAILED);
+  volatile bool reached = false;
+  if (sigsetjmp(g_fault_jump, 1) == 0)
+    *static_cast<volatile uint8_t*>(locked) = 1;
+  else
+    reached = true;
+  EXPECT_TRUE(reached);
+  mem.Unshare(id, m);
+  sigaction(SIGSEGV, &before, nullptr);
+  munmap(locked, 4096);
+  munmap(m, kLen);
 }
 
 // A buffer unmapped while still registered (freed before its deregistration, as a registration

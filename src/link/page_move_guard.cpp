@@ -1,0 +1,96 @@
+#include "link/page_move_guard.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace softrdma::link {
+namespace {
+
+// The pages of the move on or of the last one: a thread that faulted just before the end may
+// reach the handler just after it, and must still go back to its write.
+std::atomic<uintptr_t> g_lo{0};
+std::atomic<uintptr_t> g_hi{0};
+std::atomic<uint32_t> g_moving{0};  // 1 while a move is on (a futex word)
+std::atomic<int64_t> g_ended_ns{0};
+// A fault in the last move's pages this soon after its end is one of its writes, retried; later,
+// those pages are the application's again, and a fault there is its own (retrying that for ever
+// would hang the thread instead of letting its handler or the default action see it).
+constexpr int64_t kLateFaultNs = 100'000'000;
+
+struct sigaction g_previous {
+};  // the handler before ours; written only while ours is not installed
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+void PassOn(int sig, siginfo_t* info, void* context) {
+  const struct sigaction& p = g_previous;
+  if (p.sa_flags & SA_SIGINFO) {
+    if (p.sa_sigaction) return p.sa_sigaction(sig, info, context);
+  } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
+    return p.sa_handler(sig);
+  }
+  // The default action: returning repeats the fault, which then ends the process as it would have
+  // without us.
+  signal(sig, SIG_DFL);
+}
+
+void OnFault(int sig, siginfo_t* info, void* context) {
+  const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (info->si_code == SEGV_ACCERR && a >= g_lo.load(std::memory_order_acquire) &&
+      a < g_hi.load(std::memory_order_acquire)) {
+    while (g_moving.load(std::memory_order_acquire)) {
+      timespec bound{0, 1'000'000};  // a wake-up lost to a race costs at most this
+      syscall(SYS_futex, &g_moving, FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
+    }
+    if (NowNs() - g_ended_ns.load(std::memory_order_acquire) < kLateFaultNs) return;  // write again
+  }
+  PassOn(sig, info, context);
+}
+
+// Ours goes (back) in before every move: the application may have put its own in since, which
+// then becomes the one faults not ours go to.
+bool Install() {
+  struct sigaction current {};
+  if (sigaction(SIGSEGV, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnFault) return true;
+  struct sigaction ours {};
+  ours.sa_sigaction = OnFault;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  g_previous = current;
+  return sigaction(SIGSEGV, &ours, nullptr) == 0;
+}
+
+}  // namespace
+
+bool PageMoveGuard::Begin(uintptr_t start, size_t len) {
+  if (!Install()) return false;
+  g_moving.store(1, std::memory_order_relaxed);
+  g_lo.store(start, std::memory_order_relaxed);
+  g_hi.store(start + len, std::memory_order_release);
+  if (mprotect(reinterpret_cast<void*>(start), len, PROT_READ) == 0) return true;
+  End(false);
+  return false;
+}
+
+void PageMoveGuard::End(bool restore) {
+  if (restore)
+    mprotect(reinterpret_cast<void*>(g_lo.load(std::memory_order_relaxed)),
+             g_hi.load(std::memory_order_relaxed) - g_lo.load(std::memory_order_relaxed),
+             PROT_READ | PROT_WRITE);
+  g_ended_ns.store(NowNs(), std::memory_order_release);
+  g_moving.store(0, std::memory_order_release);
+  syscall(SYS_futex, &g_moving, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace softrdma::link
