@@ -56,9 +56,12 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
 void Hca::ForkPrepare() {
   g_mu.lock();  // nor is an HCA being built meanwhile
   if (g_instance && (*g_instance)->endpoint_) (*g_instance)->endpoint_->HoldForFork();
+  // After the progress thread: it may be waiting to look a region up.
+  link::SharedMemory::Get().HoldForFork();
 }
 
 void Hca::ForkParent() {
+  link::SharedMemory::Get().ResumeAfterFork();
   if (g_instance && (*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
   g_mu.unlock();
 }
@@ -66,6 +69,7 @@ void Hca::ForkParent() {
 void Hca::ForkChild() {
   // The child has none of the parent's threads; it must not touch the parent's connections or
   // slot. Its next ibv_open_device builds a fresh HCA (rdma-core likewise needs a new context).
+  link::SharedMemory::Get().ResumeInForkChild();
   if (g_instance) {
     if ((*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
     (*g_instance)->AbandonAfterFork();

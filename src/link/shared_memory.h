@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <new>
 #include <shared_mutex>
 #include <vector>
 
@@ -56,6 +57,13 @@ class SharedMemory {
   int PeerFd();
   // The arena's read-write descriptor (made, empty, if need be) for peers' direct access.
   int ArenaFd();
+  // Around fork(): the fork waits for a move in progress on another thread (the child would get
+  // its lock held and its pages read-only, with nobody to finish it), and no move starts until the
+  // copy is made. The child starts with a fresh lock: glibc's rwlock knows its writer by thread
+  // id, which differs in the child, and unlocking there left it locked.
+  void HoldForFork() { mu_.lock(); }
+  void ResumeAfterFork() { mu_.unlock(); }
+  void ResumeInForkChild() { new (&mu_) std::shared_mutex(); }
   // In a fork()ed child: every shared range becomes private memory with the same contents, and
   // the child starts without an arena.
   void AfterForkInChild();

@@ -3,6 +3,7 @@
 #include <infiniband/verbs.h>
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -165,6 +166,47 @@ TEST_F(ForkObjects, AForkWhileTheParentsProgressThreadWorksLeavesTheChildAWorkin
   traffic.join();
   EXPECT_TRUE(traffic_ok);
   EXPECT_EQ(stuck, 0) << "children whose own progress thread never moved a frame, of " << kForks;
+}
+
+// A fork while another thread registers (or deregisters) a large buffer, i.e. moves its pages:
+// the child got the move's lock held and the pages read-only, and waited for a move nobody would
+// finish (its fork handler took that lock). The fork now waits for the move to end.
+TEST(ForkDuringAMove, TheChildFindsTheBufferWritableAndItsForkHandlerDone) {
+  Verbs v;
+  ASSERT_TRUE(v.Open());
+  constexpr size_t kLen = 32 << 20;  // a move of ~50 ms here
+  void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* bytes = static_cast<volatile uint8_t*>(m);
+  std::atomic<bool> stop{false};
+  std::atomic<int> moves{0};
+  std::thread mover([&] {
+    while (!stop.load() && moves.load() < 200) {
+      ibv_mr* mr = ibv_reg_mr(v.pd, m, kLen, IBV_ACCESS_LOCAL_WRITE);
+      if (!mr) break;
+      ibv_dereg_mr(mr);
+      moves += 2;
+    }
+  });
+  constexpr int kForks = 12;
+  int stuck = 0;
+  for (int i = 0; i < kForks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(9));
+    ForkedPeer child;
+    ASSERT_TRUE(child.Start([bytes](int, int) {
+      bytes[0] = 1;  // faulted for good while the pages were read-only for the parent's move
+      bytes[kLen - 1] = 1;
+      return 0;
+    }));
+    int st = child.Wait(std::chrono::seconds(5));
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) ++stuck;
+  }
+  stop = true;
+  mover.join();
+  EXPECT_GT(moves.load(), 0);
+  EXPECT_EQ(stuck, 0) << "children that never finished, of " << kForks;
+  munmap(m, kLen);
 }
 
 // A process opens the device and forks at once; the child writes through its own progress thread.
