@@ -17,6 +17,8 @@ namespace {
 std::atomic<uintptr_t> g_lo{0};
 std::atomic<uintptr_t> g_hi{0};
 std::atomic<uint32_t> g_moving{0};  // 1 while a move is on (a futex word)
+std::atomic<pid_t> g_mover{0};      // the thread moving
+uintptr_t g_page_bytes = 4096;      // set before our handler goes in
 std::atomic<int64_t> g_ended_ns{0};
 // A fault in the last move's pages this soon after its end is one of its writes, retried; later,
 // those pages are the application's again, and a fault there is its own (retrying that for ever
@@ -48,6 +50,14 @@ void OnFault(int sig, siginfo_t* info, void* context) {
   const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
   if (info->si_code == SEGV_ACCERR && a >= g_lo.load(std::memory_order_acquire) &&
       a < g_hi.load(std::memory_order_acquire)) {
+    if (g_moving.load(std::memory_order_acquire) &&
+        g_mover.load(std::memory_order_relaxed) == static_cast<pid_t>(syscall(SYS_gettid))) {
+      // A signal handler on the moving thread itself: waiting would never end. Its page is made
+      // writable, and that write may be lost as every such write was before the guard.
+      const uintptr_t page = a & ~(g_page_bytes - 1);
+      if (mprotect(reinterpret_cast<void*>(page), 1, PROT_READ | PROT_WRITE) == 0) return;
+      return PassOn(sig, info, context);
+    }
     while (g_moving.load(std::memory_order_acquire)) {
       timespec bound{0, 1'000'000};  // a wake-up lost to a race costs at most this
       syscall(SYS_futex, &g_moving, FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
@@ -63,6 +73,7 @@ bool Install() {
   struct sigaction current {};
   if (sigaction(SIGSEGV, nullptr, &current) != 0) return false;
   if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnFault) return true;
+  g_page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   struct sigaction ours {};
   ours.sa_sigaction = OnFault;
   ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
@@ -75,6 +86,7 @@ bool Install() {
 
 bool PageMoveGuard::Begin(uintptr_t start, size_t len) {
   if (!Install()) return false;
+  g_mover.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
   g_moving.store(1, std::memory_order_relaxed);
   g_lo.store(start, std::memory_order_relaxed);
   g_hi.store(start + len, std::memory_order_release);

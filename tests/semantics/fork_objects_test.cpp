@@ -183,7 +183,7 @@ TEST(ForkDuringAMove, TheChildFindsTheBufferWritableAndItsForkHandlerDone) {
   std::atomic<int> moves{0};
   std::thread mover([&] {
     while (!stop.load() && moves.load() < 200) {
-      ibv_mr* mr = ibv_reg_mr(v.pd, m, kLen, IBV_ACCESS_LOCAL_WRITE);
+      ibv_mr* mr = ibv_reg_mr(v.pd, m, kLen, int{IBV_ACCESS_LOCAL_WRITE});
       if (!mr) break;
       ibv_dereg_mr(mr);
       moves += 2;

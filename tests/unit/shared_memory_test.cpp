@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -364,6 +365,43 @@ TEST(SharedMemory, AWriteWhileADeregistrationMovesThePagesIsKept) {
   EXPECT_FALSE(mem.Find(m, 10).shared);
   EXPECT_EQ(writer.Lost(), 0u) << "writes landed in pages the deregistration dropped";
   munmap(m, kMoveLen);
+}
+
+// A signal handler that runs on the moving thread and writes into the pages being moved cannot
+// wait for the move's end: it would wait for itself. (Its write may be lost, as before the guard.)
+volatile uint8_t* g_signal_target = nullptr;
+void WriteFromASignal(int) {
+  g_signal_target[0] = 1;
+}
+
+TEST(SharedMemory, ASignalHandlerOnTheMovingThreadThatWritesThePagesDoesNotHangIt) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // one thread: the timer's signal comes to the moving one
+    uint8_t* m = ZeroedMapping(kMoveLen);
+    if (!m) _exit(2);
+    g_signal_target = m;
+    signal(SIGALRM, WriteFromASignal);
+    SharedMemory& mem = SharedMemory::Get();
+    for (int ms = 1; ms <= 40; ms += 3) {  // some land inside a move (~50 ms each here)
+      itimerval once{};
+      once.it_value.tv_usec = ms * 1000;
+      setitimer(ITIMER_REAL, &once, nullptr);
+      mem.Unshare(mem.Share(m, kMoveLen), m);
+    }
+    _exit(0);
+  }
+  int st = 0;
+  pid_t r = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((r = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (r != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  EXPECT_EQ(r, pid) << "the moving thread hung in its own signal handler";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 sigjmp_buf g_fault_jump;
