@@ -25,8 +25,8 @@ std::atomic<int64_t> g_ended_ns{0};
 // would hang the thread instead of letting its handler or the default action see it).
 constexpr int64_t kLateFaultNs = 100'000'000;
 
-struct sigaction g_previous {
-};  // the handler before ours; written only while ours is not installed
+// The handler before ours; written only while ours is not installed.
+struct sigaction g_previous = {};
 
 int64_t NowNs() {
   timespec ts;
