@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -63,6 +64,14 @@ enum class IdState {
 };
 
 // A TCP channel to another process's CM service.
+// epoll tags of the CM service's fds other than peers' channels (tagged with their Peer's address,
+// which user space keeps below 2^47).
+constexpr uint64_t kListenTag = 1;
+constexpr uint64_t kWakeTag = 2;
+constexpr uint64_t kRendezvousTag = uint64_t{1} << 62;  // | the fd
+constexpr uint64_t kProbeTag = uint64_t{1} << 61;       // | the fd
+constexpr uint64_t kFdMask = 0xffffffffu;
+
 struct Peer {
   int fd = -1;
   std::string key;  // "ip:port" of its service, or "" for accepted channels
@@ -71,6 +80,7 @@ struct Peer {
   std::vector<uint8_t> rx;
   std::vector<uint8_t> tx;  // what the socket did not take yet
   std::set<CmId*> ids;
+  std::set<CmId*> probing;  // resolving: resolved by this peer's Hello (host_reach.cpp)
 };
 
 enum class TimerKind { kNone, kAddrError, kListenerWait, kConnect, kDisconnect, kTimewait };
@@ -90,6 +100,9 @@ struct CmId {
   Addr src, dst;  // ports included
   bool has_src = false, has_dst = false;
   PortClaim claim;
+  int rendezvous_fd = -1;      // listener: its TCP port, for other hosts (host_reach.cpp)
+  int probe_fd = -1;           // resolving an address of another host: the connect standing for ARP
+  Peer* probe_peer = nullptr;  // ... once connected: the channel whose Hello resolves it
   uint32_t comm_id = 0, remote_comm_id = 0;
   Peer* peer = nullptr;
 
@@ -245,6 +258,18 @@ class Cm {
   void OnWritable(Peer* p);
   void AcceptChannels();
 
+  // host_reach.cpp
+  void OpenRendezvous(CmId* id);
+  void CloseRendezvous(CmId* id);
+  void AcceptRendezvous(int fd);
+  // Where a listener the run directory does not show is reached: its address and port.
+  std::optional<ServiceAddr> RendezvousOf(const Addr& dst);
+  void StartProbe(CmId* id);
+  void CancelProbe(CmId* id);
+  void OnProbeDone(int fd);
+  void SettleProbes(Peer* p);
+  void ProbeAnswered(CmId* id);
+
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_xrcd* xrcd_ = nullptr;  // made on first use: the domain of XRC ids given none (as rdma-core)
@@ -263,6 +288,9 @@ class Cm {
   std::vector<Peer*> graveyard_;
   std::set<Peer*> peers_;
   std::set<CmId*> timed_;
+
+  std::map<int, CmId*> rendezvous_;  // by fd
+  std::map<int, CmId*> probes_;      // by fd
 
   int listen_fd_ = -1;
   uint16_t service_port_ = 0;

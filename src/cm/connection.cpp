@@ -85,6 +85,8 @@ void Cm::AfterForkInChild() {
   for (Peer* p : old->peers_) {
     if (p->fd >= 0) close(p->fd);
   }
+  for (const auto& [fd, id] : old->rendezvous_) close(fd);
+  for (const auto& [fd, id] : old->probes_) close(fd);
   for (int fd : {old->listen_fd_, old->epoll_fd_, old->wake_fd_}) {
     if (fd >= 0) close(fd);
   }
@@ -269,6 +271,8 @@ int Cm::DestroyId(CmId* id) {
   }
   for (CmId* child : id->children) child->listener = nullptr;
   id->children.clear();
+  CloseRendezvous(id);
+  CancelProbe(id);
   if (id->state == IdState::kListening) {
     auto it = listeners_.find({static_cast<uint16_t>(id->pub.ps), id->src.port});
     if (it != listeners_.end()) {
@@ -380,10 +384,12 @@ int Cm::ResolveAddr(CmId* id, const sockaddr* src, const sockaddr* dst, int time
   }
   FillRoute(id);
   if (!multicast && !KnownHost(d)) {
-    // No softrdma process answers for that address: like an ARP request nobody answers, the
-    // error comes when the caller's timeout runs out.
+    // No process of this host owns that address. Another host may answer on the port (the
+    // probe); if none does, the error comes when the caller's timeout runs out, like an ARP
+    // request nobody answers.
     Arm(id, TimerKind::kAddrError, timeout_ms > 0 ? static_cast<uint64_t>(timeout_ms) : 0,
         -ETIMEDOUT);
+    StartProbe(id);
     return CompleteSync(id, &lk);
   }
   id->state = IdState::kAddrResolved;
@@ -426,6 +432,7 @@ int Cm::Listen(CmId* id, int backlog) {
   id->backlog = backlog > 0 ? backlog : kDefaultBacklog;
   id->state = IdState::kListening;
   listeners_[{static_cast<uint16_t>(id->pub.ps), id->src.port}].insert(id);
+  OpenRendezvous(id);
   FillRoute(id);
   return 0;
 }
@@ -579,6 +586,15 @@ int Cm::Connect(CmId* id, const rdma_conn_param* param) {
 // address resolved in microseconds would otherwise race it.
 void Cm::SendRequest(CmId* id, std::unique_lock<std::mutex>* lk) {
   auto service = FindListener(static_cast<uint16_t>(id->pub.ps), id->dst);
+  Peer* peer = nullptr;
+  if (!service && StartService()) {
+    // Not in the run directory: another host's listener, or one with a run directory of its
+    // own, on its rendezvous port if it is there.
+    if (auto other = RendezvousOf(id->dst)) {
+      peer = PeerFor(*other, lk);
+      if (peer) service = other;
+    }
+  }
   if (!service) {
     if (NowNs() < id->listener_deadline_ns) {
       Arm(id, TimerKind::kListenerWait, kListenerPollMs, 0);
@@ -591,7 +607,7 @@ void Cm::SendRequest(CmId* id, std::unique_lock<std::mutex>* lk) {
     Report(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED, nullptr);
     return;
   }
-  Peer* peer = StartService() ? PeerFor(*service, lk) : nullptr;
+  if (!peer) peer = StartService() ? PeerFor(*service, lk) : nullptr;
   if (!peer) {
     id->state = IdState::kFailed;
     id->pending_req.reset();
@@ -1133,6 +1149,7 @@ void Cm::OnTimer(CmId* id) {
   Disarm(id);
   switch (kind) {
     case TimerKind::kAddrError:
+      CancelProbe(id);
       Report(id, RDMA_CM_EVENT_ADDR_ERROR, status, nullptr);
       break;
     case TimerKind::kConnect:

@@ -27,9 +27,6 @@ namespace softrdma::cm {
 
 namespace {
 
-// epoll tags for the two fds that are not peers.
-constexpr uint64_t kListenTag = 1;
-constexpr uint64_t kWakeTag = 2;
 constexpr int kConnectTimeoutMs = 2000;
 constexpr size_t kReadChunk = 16384;
 
@@ -204,6 +201,7 @@ void Cm::OnWritable(Peer* p) {
 
 void Cm::ClosePeer(Peer* p) {
   if (p->fd < 0) return;
+  SettleProbes(p);
   OnPeerLost(p);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p->fd, nullptr);
   close(p->fd);
@@ -247,6 +245,7 @@ void Cm::OnReadable(Peer* p) {
       off += *len;
       if (m->type == MsgType::kHello) {
         p->hello_seen = true;
+        SettleProbes(p);
       } else {
         OnMessage(p, *m);
       }
@@ -312,6 +311,10 @@ void Cm::Run() {
         uint64_t v;
         ssize_t r = read(wake_fd_, &v, sizeof v);
         (void)r;
+      } else if (tag & kRendezvousTag) {
+        AcceptRendezvous(static_cast<int>(tag & kFdMask));
+      } else if (tag & kProbeTag) {
+        OnProbeDone(static_cast<int>(tag & kFdMask));
       } else {
         auto* p = static_cast<Peer*>(events[i].data.ptr);
         if (p->fd < 0) continue;

@@ -399,6 +399,10 @@ srdma_check_reject() {
 #                         client is done, and is then killed with its group
 # Returns 0 on PASS, 1 on FAIL.
 SRDMA_LISTEN_CHECK=${SRDMA_LISTEN_CHECK:-srdma_is_listening}
+# What run_pair puts before a client's command, e.g. (env SOFTRDMA_RUNDIR=...)
+# for a client that plays another host.
+SRDMA_CLIENT_ENV=()
+
 run_pair() {
 	local port='' tmo=60 ltmo=20 grace=10 raw=0 daemon=0
 	local lcheck=$SRDMA_LISTEN_CHECK
@@ -457,7 +461,7 @@ run_pair() {
 		return 1
 	fi
 
-	srdma_spawn cpid "$clog" "$tmo" "$cns" "${prefix[@]}" "${ccmd[@]}"
+	srdma_spawn cpid "$clog" "$tmo" "$cns" "${SRDMA_CLIENT_ENV[@]}" "${prefix[@]}" "${ccmd[@]}"
 	wait "$cpid"
 	crc=$?
 	_srdma_forget_pid "$cpid"

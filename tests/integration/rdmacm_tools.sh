@@ -8,9 +8,12 @@
 # both on the host (loopback, 127.0.0.1) or in two network namespaces joined
 # by a veth pair (--netns).
 #
-# Usage: rdmacm_tools.sh [--netns] [--quick] [--filter ERE] [--verbose] [--list]
+# Usage: rdmacm_tools.sh [--netns | --hosts] [--quick] [--filter ERE] [--verbose] [--list]
 #   --netns      servers in namespace A, clients in namespace B (needs root;
 #                exits 77 = skipped when namespaces are not available)
+#   --hosts      as --netns, and the client has a run directory of its own: two
+#                hosts, which share no /dev/shm (a subset of the cases: one of
+#                each tool; multicast groups are host-wide, so no mckey)
 #   --quick      fewer iterations and a 240 s overall budget (for ctest; a
 #                green run takes well under 3 minutes)
 #   --filter E   only cases whose name matches the extended regex E
@@ -45,7 +48,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # link bounded unconsumed datagrams by credits, see UdWait, and pollers kept
 # the sockets by a lease: udpong resends what is not answered within 1 ms,
 # and every late answer then circulates for good.)
-srdma_parse_suite_args "$@"
+HOSTS=0
+suite_args=()
+for a in "$@"; do
+	if [[ $a == --hosts ]]; then
+		HOSTS=1
+		suite_args+=(--netns)
+	else
+		suite_args+=("$a")
+	fi
+done
+srdma_parse_suite_args "${suite_args[@]}"
 
 RDMACM_XFAIL_DEFAULT=
 SRDMA_XFAIL=${SOFTRDMA_TEST_XFAIL-$RDMACM_XFAIL_DEFAULT}
@@ -484,12 +497,30 @@ rsocket_cases() {
 	for t in a b n r f; do rs_case rstream -S 65536 -C 1000 -T "$t"; done
 	rs_case rstream -S all
 	rs_case rstream -S all -T v
-	rs_case riostream
+	rs_case riostream -S 4096 -C 1000
 	rcopy_case 100
 	rs_case udpong
 }
 
 # ---------------------------------------------------------------------------
+
+# --hosts: one case of each tool, each of which finds its server without the
+# run directory the server's host keeps (src/cm/host_reach.cpp).
+hosts_cases() {
+	rping_case 1000 "" 0
+	rping_case "$RPING_SIZE_COUNT" 65535 1
+	cmatose_case ucmatose -c "$UCMA_CONNS" -C "$UCMA_MSGS"
+	cmatose_case udaddy
+	cmtime_case 100
+	cm_ep_case "rdma_server / rdma_client" rdma_server rdma_client ""
+	perftest_case ib_send_bw 65536 1000
+	perftest_case ib_read_lat 2 1000
+	perftest_case ib_send_bw 4096 1000 -c UD -s 4096
+	rs_case rstream -S 65536 -C 1000 -T b
+	rs_case riostream -S 4096 -C 1000
+	rcopy_case 100
+	rs_case udpong
+}
 
 all_cases() {
 	rping_cases
@@ -503,14 +534,24 @@ all_cases() {
 	rsocket_cases
 }
 
+CLIENT_RUNDIR=
+remove_client_rundir() {
+	[[ -n $CLIENT_RUNDIR && -d $CLIENT_RUNDIR ]] && rm -rf -- "$CLIENT_RUNDIR"
+	CLIENT_RUNDIR=
+}
+
 main() {
+	local cases=all_cases
+	((HOSTS)) && cases=hosts_cases
 	if ((LIST)); then
-		all_cases
+		$cases
 		exit 0
 	fi
 
 	local mode=loopback why
-	if ((NETNS)); then
+	if ((HOSTS)); then
+		mode=hosts
+	elif ((NETNS)); then
 		mode=netns
 		if ! why=$(srdma_netns_available); then
 			echo "SKIP rdmacm_tools --netns ($why)"
@@ -544,11 +585,18 @@ main() {
 		HOST=$ADDR_A
 		CADDR=$ADDR_B
 	fi
+	if ((HOSTS)); then
+		CLIENT_RUNDIR=$(mktemp -d "$SOFTRDMA_RUNDIR-client-XXXXXX") ||
+			srdma_die "cannot create the client's run directory"
+		chmod 01777 "$CLIENT_RUNDIR"
+		SRDMA_CLEANUP_HOOKS+=(remove_client_rundir)
+		SRDMA_CLIENT_ENV=(env "SOFTRDMA_RUNDIR=$CLIENT_RUNDIR")
+	fi
 	echo "rdmacm_tools: mode=$mode quick=$QUICK server=${SNS:-host} client=${CNS:-host}" \
 		"host=$HOST ports from $SRDMA_PORT_BASE, run dir $SOFTRDMA_RUNDIR, logs in $T_LOGDIR" >&2
 	[[ -n $SRDMA_XFAIL ]] && echo "rdmacm_tools: expected failures: /$SRDMA_XFAIL/" >&2
 
-	all_cases
+	$cases
 
 	srdma_cleanup
 	((T_PASS + T_FAIL + T_XFAIL > 0)) || echo "warning: no case matches --filter '$FILTER'" >&2
