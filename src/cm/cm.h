@@ -223,6 +223,10 @@ class Cm {
   ibv_xrcd* XrcdLocked();
   int CreateXrcRecvQpLocked(CmId* id, ibv_qp_init_attr_ex* attr);
   void FillRoute(CmId* id);
+  // The GID that names `local`, the address the peer reaches this side at, and its index: the GID
+  // the peer sends to. GID 0 when the table has none for it (loopback, IPv6): GID 0's address may
+  // be one the peer cannot reach (an interface listed first, SOFTRDMA_IP).
+  const ibv_gid& GidFor(const Addr& local, uint8_t* index = nullptr) const;
   ConnEnd LocalEnd(CmId* id, const rdma_conn_param* param, uint32_t ece_vendor_id);
   void LearnPeer(CmId* id, uint32_t peer_comm_id, const ConnEnd& e);
   void OnMessage(Peer* p, const Message& m);
@@ -274,8 +278,9 @@ class Cm {
   ibv_pd* pd_ = nullptr;
   ibv_xrcd* xrcd_ = nullptr;  // made on first use: the domain of XRC ids given none (as rdma-core)
   ibv_device_attr device_attr_{};
-  PortClaim presence_;  // makes this namespace's addresses known to connecting processes
-  ibv_gid gid_{};
+  PortClaim presence_;         // makes this namespace's addresses known to connecting processes
+  ibv_gid gid_{};              // GID 0
+  std::vector<ibv_gid> gids_;  // the device's GID table: one per address of this namespace
   uint16_t lid_ = 0;
 
   std::map<uint32_t, CmId*> ids_;  // by comm id

@@ -162,11 +162,12 @@ void Cm::FillRoute(CmId* id) {
   rdma_route& r = id->pub.route;
   if (id->has_src) ToSockaddr(id->src, &r.addr.src_storage);
   if (id->has_dst) ToSockaddr(id->dst, &r.addr.dst_storage);
-  std::memcpy(&r.addr.addr.ibaddr.sgid, &gid_, 16);
+  const ibv_gid& sgid = GidFor(id->src);
+  std::memcpy(&r.addr.addr.ibaddr.sgid, &sgid, 16);
   if (id->remote_known) std::memcpy(&r.addr.addr.ibaddr.dgid, id->remote_gid, 16);
   r.addr.addr.ibaddr.pkey = htobe16(0xffff);
   ibv_sa_path_rec& p = id->path;
-  std::memcpy(&p.sgid, &gid_, 16);
+  std::memcpy(&p.sgid, &sgid, 16);
   if (id->remote_known) {
     std::memcpy(&p.dgid, id->remote_gid, 16);
     p.dlid = htobe16(id->remote_lid);
@@ -494,7 +495,7 @@ ConnEnd Cm::LocalEnd(CmId* id, const rdma_conn_param* param, uint32_t ece_vendor
     e.flags = param->srq ? kFlagSrq : 0;
   }
   e.psn = id->psn;
-  std::memcpy(e.gid, &gid_, 16);
+  std::memcpy(e.gid, &GidFor(id->src), 16);
   e.lid = lid_;
   e.responder_resources = id->responder_resources;
   e.initiator_depth = id->initiator_depth;

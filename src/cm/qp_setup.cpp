@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cm/cm.h"
+#include "cm/ip_address.h"
 #include "core/device_names.h"
 
 namespace softrdma::cm {
@@ -46,6 +47,11 @@ ibv_context* Cm::Context() {
     return nullptr;
   }
   lid_ = port.lid;
+  for (int i = 0;; ++i) {
+    ibv_gid g{};
+    if (ibv_query_gid(ctx, 1, i, &g) != 0 || g.global.interface_id == 0) break;
+    gids_.push_back(g);
+  }
   pd_ = ibv_alloc_pd(ctx);
   if (!pd_) {
     ibv_close_device(ctx);
@@ -54,6 +60,18 @@ ibv_context* Cm::Context() {
   ctx_ = ctx;
   presence_.ClaimPresence();
   return ctx_;
+}
+
+const ibv_gid& Cm::GidFor(const Addr& local, uint8_t* index) const {
+  if (index) *index = 0;
+  if (local.family != 4 || IsLoopbackIp(local)) return gid_;
+  for (size_t i = 0; i < gids_.size(); ++i) {
+    if (std::memcmp(gids_[i].raw + 8, local.ip + 12, 4) == 0) {
+      if (index) *index = static_cast<uint8_t>(i);
+      return gids_[i];
+    }
+  }
+  return gid_;
 }
 
 namespace {
@@ -300,7 +318,7 @@ int Cm::FillQpAttr(CmId* id, ibv_qp_attr* a, int* mask) {
       a->rq_psn = id->remote_psn;
       a->ah_attr.is_global = 1;
       std::memcpy(&a->ah_attr.grh.dgid, id->remote_gid, 16);
-      a->ah_attr.grh.sgid_index = 0;
+      GidFor(id->src, &a->ah_attr.grh.sgid_index);
       a->ah_attr.grh.hop_limit = 64;
       a->ah_attr.grh.traffic_class = id->tos;
       a->ah_attr.dlid = id->remote_lid;

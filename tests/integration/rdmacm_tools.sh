@@ -152,14 +152,15 @@ rping_check() {
 	awk -v pfx="server ping data: " -v size="$RPING_SIZE" -v count="$RPING_COUNT" "$_rping_awk" "$slog" || return 1
 }
 
-# rping_case COUNT SIZE VERBOSE [SERVER_BIND]
+# rping_case COUNT SIZE VERBOSE [SERVER_BIND [SERVER_ENV]]
 rping_case() {
-	local count=$1 size=$2 verbose=$3 sbind=${4:-$HOST} args name
+	local count=$1 size=$2 verbose=$3 sbind=${4:-$HOST} senv=${5:-} args name
 	args="-C $count -V"
 	[[ -n $size ]] && args+=" -S $size"
 	((verbose)) && args+=" -v"
 	name="rping $args"
 	[[ $sbind != "$HOST" ]] && name+=" (server -a $sbind)"
+	[[ -n $senv ]] && name+=" (server $senv)"
 	want "$name" || return 0
 	RPING_COUNT=$count
 	RPING_SIZE=${size:-64} # rping's default size
@@ -169,7 +170,7 @@ rping_case() {
 		--reject "$REJECT_COMMON|cma event" \
 		--check rping_check \
 		"$name" \
-		"rping -s -a $sbind -p $PORT $args" \
+		"${senv:+env $senv }rping -s -a $sbind -p $PORT $args" \
 		"rping -c -a $HOST -p $PORT $args" \
 		"$SNS" "$CNS"
 }
@@ -509,6 +510,10 @@ rsocket_cases() {
 hosts_cases() {
 	rping_case 1000 "" 0
 	rping_case "$RPING_SIZE_COUNT" 65535 1
+	# The server's GID 0 names an address the client cannot reach (as on a host whose first
+	# interface is not the one the client comes in by): the CM must send the GID of the address
+	# the client connected to.
+	rping_case 100 "" 1 "$HOST" SOFTRDMA_IP=127.0.0.1
 	cmatose_case ucmatose -c "$UCMA_CONNS" -C "$UCMA_MSGS"
 	cmatose_case udaddy
 	cmtime_case 100
