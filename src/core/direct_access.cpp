@@ -55,13 +55,17 @@ bool Qp::TryDirectLocked(SendWqe& w) {
       break;
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
-      right = link::kRecvRight;  // into the peer's receive buffers (direct_recv.cpp)
+    case IBV_WR_RDMA_WRITE_WITH_IMM:  // takes a receive WQE too (direct_recv.cpp)
+      right = link::kRecvRight;       // into the peer's receive buffers (direct_recv.cpp)
       local_access = 0;
       break;
     default:
       return false;
   }
-  if (head_ != next_ || !av_.channel || w.length == 0 || w.length > kMaxMsgSize) return false;
+  // A WRITE with immediate of no bytes is how rsockets returns credits.
+  const bool empty_ok = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (head_ != next_ || !av_.channel || (w.length == 0 && !empty_ok) || w.length > kMaxMsgSize)
+    return false;
   link::PeerWindows* peer = av_.channel->direct();
   if (!peer) return false;
 
@@ -118,6 +122,7 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
     return false;
   switch (wr.opcode) {
     case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:

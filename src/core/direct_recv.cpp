@@ -151,7 +151,7 @@ int Qp::CollectFromLocked(DirectRecvQueue* q, ibv_wc* out, int room) {
     any = true;
     const uint32_t flags = (st >> 8) & 0xff;
     wc.status = IBV_WC_SUCCESS;
-    wc.opcode = IBV_WC_RECV;
+    wc.opcode = (flags & dr::kRdma) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
     wc.byte_len = s.byte_len;
     if (flags & dr::kWithImm) {
       wc.wc_flags = IBV_WC_WITH_IMM;
@@ -261,7 +261,9 @@ void Qp::CloseDirectRecvLocked() {
   direct_watch_ = -1;
 }
 
-// Requester side: a SEND placed in the peer's receive buffers. Runs under the sender QP's lock.
+// Requester side: a SEND placed in the peer's receive buffers, or an RDMA WRITE with immediate
+// placed in the window it names, which takes a receive WQE as a SEND does and leaves its buffers
+// alone. Runs under the sender QP's lock.
 bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                              const uint32_t* lens, uint32_t n) {
   const uint32_t dqpn = attr_.dest_qp_num;
@@ -278,21 +280,30 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   // write then costs a second transfer).
   __builtin_prefetch(&s, 1);
   if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
-  // The slot's scatter list, read once: the owner may rewrite it if it takes the slot back.
-  link::DirectRecvSge sge[link::kDirectRecvSges];
-  const uint32_t nsge = s.num_sge;
-  if (nsge > link::kDirectRecvSges) return false;
-  std::memcpy(sge, s.sge, sizeof sge);
   uint8_t* dst[link::kDirectRecvSges];
   uint32_t cap[link::kDirectRecvSges];
-  uint32_t left = w.length, pieces = 0;
-  for (uint32_t i = 0; i < nsge && left > 0; ++i) {
-    cap[pieces] = sge[i].len < left ? sge[i].len : left;
-    dst[pieces] = peer->Reach(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight);
-    if (!dst[pieces]) return false;  // the responder reports it (LOC_PROT_ERR there)
-    left -= cap[pieces++];
+  const bool rdma = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (rdma) {
+    // Checked like a WRITE's window, and kept by the seal like the receive buffers below.
+    cap[0] = w.length;
+    dst[0] = w.length ? peer->Reach(w.rkey, dqpn, w.remote_addr, w.length, IBV_ACCESS_REMOTE_WRITE)
+                      : nullptr;
+    if (w.length && !dst[0]) return false;  // the responder NAKs it (REM_ACCESS_ERR)
+  } else {
+    // The slot's scatter list, read once: the owner may rewrite it if it takes the slot back.
+    link::DirectRecvSge sge[link::kDirectRecvSges];
+    const uint32_t nsge = s.num_sge;
+    if (nsge > link::kDirectRecvSges) return false;
+    std::memcpy(sge, s.sge, sizeof sge);
+    uint32_t left = w.length, pieces = 0;
+    for (uint32_t i = 0; i < nsge && left > 0; ++i) {
+      cap[pieces] = sge[i].len < left ? sge[i].len : left;
+      dst[pieces] = peer->Reach(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight);
+      if (!dst[pieces]) return false;  // the responder reports it (LOC_PROT_ERR there)
+      left -= cap[pieces++];
+    }
+    if (left > 0) return false;  // too small: LOC_LEN_ERR by the long way
   }
-  if (left > 0) return false;  // too small: LOC_LEN_ERR by the long way
   uint64_t expected = taken;
   if (!q->taken.compare_exchange_strong(expected, dr::WithCount(taken, t + 1),
                                         std::memory_order_acq_rel))
@@ -321,8 +332,8 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     }
   }
   s.byte_len = w.length;
-  uint32_t flags = 0;
-  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+  uint32_t flags = rdma ? dr::kRdma : 0;
+  if (w.opcode == IBV_WR_SEND_WITH_IMM || rdma) {
     s.imm = w.imm_or_rkey;
     flags |= dr::kWithImm;
   }

@@ -84,6 +84,7 @@ constexpr uint32_t kDone = 2;    // sender: the message is placed; byte_len, imm
 constexpr uint32_t kTakenBack = 3;  // owner: it took the WQE itself (a frame's SEND, a close)
 constexpr uint32_t kWithImm = 1;    // slot flags
 constexpr uint32_t kSolicited = 2;  // slot flags
+constexpr uint32_t kRdma = 4;  // slot flags: an RDMA WRITE with immediate (the WQE got no bytes)
 constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
   return what | (flags << 8) | (index << 16);
 }

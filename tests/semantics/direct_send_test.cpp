@@ -257,6 +257,93 @@ TEST(DirectSendTo, AStoppedPeerStillReceivesAndTheSenderCompletesAtOnce) {
   EXPECT_EQ(child.Wait(), 0);
 }
 
+// Where a direct RDMA WRITE with immediate goes: the receiving child's region, and the receive WQE
+// it consumes (posted with no buffer, as rsockets posts its receives).
+struct WriteTarget {
+  uint64_t addr;
+  uint32_t rkey;
+};
+constexpr uint32_t kImmOffset = 4096;
+
+// The receiving child of WRITEs with immediate: it posts two receives without buffers, tells the
+// parent where to write, and when told to go checks the two completions: 256 bytes of Pattern at
+// kImmOffset with immediate 0x1234, then no bytes with immediate 0x5678.
+int ImmReceiver(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  Region r;
+  if (!r.Make(c.v.pd)) return 20;
+  if (PostRecvSges(c.q->qp, {}, 78) || PostRecvSges(c.q->qp, {}, 79)) return 21;
+  WriteTarget t{reinterpret_cast<uintptr_t>(r.p), r.mr->rkey};
+  if (!p.Send('r') || !p.Send(t)) return 22;
+  char go;
+  if (!p.Recv(&go)) return 23;
+  char verdict = 'K';
+  const uint32_t imms[2] = {0x1234, 0x5678};
+  const uint32_t lens[2] = {256, 0};
+  for (int i = 0; i < 2 && verdict == 'K'; ++i) {
+    ibv_wc wc{};
+    if (!PollOne(c.q->rcq, &wc, std::chrono::seconds(10)))
+      verdict = 'n';
+    else if (wc.status != IBV_WC_SUCCESS || wc.wr_id != uint64_t(78 + i) ||
+             wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || wc.byte_len != lens[i] ||
+             !(wc.wc_flags & IBV_WC_WITH_IMM) || ntohl(wc.imm_data) != imms[i])
+      verdict = 'w';
+  }
+  for (size_t i = 0; i < 256 && verdict == 'K'; ++i)
+    if (r.p[kImmOffset + i] != Pattern(i)) verdict = 'd';
+  return p.Send(verdict) ? 0 : 24;
+}
+
+// An RDMA WRITE with immediate consumes a receive WQE as a SEND does, and is done the same direct
+// way (rsockets moves all its data and credits so): with the receiver stopped, both the 256-byte
+// and the empty one complete at once at the sender, and the receiver finds them when it runs.
+TEST(DirectSendTo, AStoppedPeerGetsWritesWithImmediateAndTheSenderCompletesAtOnce) {
+  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
+  Verbs v;
+  ASSERT_TRUE(v.Open());
+  QpOpts o;
+  o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
+  Qp* q = v.NewQp(o);
+  ASSERT_NE(q, nullptr);
+  Region region;
+  ASSERT_TRUE(region.Make(v.pd));
+  for (size_t i = 0; i < kRegion; ++i) region.p[i] = Pattern(i);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) { return ImmReceiver(ChildPipe{up, down}, o); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(q)));
+  ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
+  char ready;
+  WriteTarget t{};
+  ASSERT_TRUE(child.Recv(&ready));
+  ASSERT_TRUE(child.Recv(&t));
+  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  SendArgs s;
+  s.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  s.sges = {region.Sge(0, 256)};
+  s.remote_addr = t.addr + kImmOffset;
+  s.rkey = t.rkey;
+  s.imm = 0x1234;
+  ibv_wc wc[2] = {};
+  bool completed = Post(q->qp, s) == 0 && PollOne(q->scq, &wc[0], std::chrono::seconds(2));
+  s.sges.clear();
+  s.imm = 0x5678;
+  completed = completed && Post(q->qp, s) == 0 && PollOne(q->scq, &wc[1], std::chrono::seconds(2));
+  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  ASSERT_TRUE(completed) << "no send completion while the receiver was stopped";
+  for (const ibv_wc& w : wc) {
+    EXPECT_EQ(w.status, IBV_WC_SUCCESS) << WcStr(w);
+    EXPECT_EQ(w.opcode, IBV_WC_RDMA_WRITE);
+  }
+  ASSERT_TRUE(child.Send('c'));
+  char verdict = 0;
+  ASSERT_TRUE(child.Recv(&verdict));
+  EXPECT_EQ(verdict, 'K') << "n: no completion, w: wrong fields, d: wrong data";
+  EXPECT_EQ(child.Wait(), 0);
+}
+
 // SENDs that take the long way (the second WQE's buffer is not shared) and SENDs placed
 // directly complete in the order of the receive queue, with their own data.
 TEST_F(DirectSend, DirectAndFramedSendsCompleteInReceiveQueueOrder) {
