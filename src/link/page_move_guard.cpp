@@ -28,6 +28,10 @@ constexpr int64_t kLateFaultNs = 100'000'000;
 // The handler before ours; written only while ours is not installed.
 struct sigaction g_previous = {};
 
+pid_t ThreadId() {
+  return static_cast<pid_t>(syscall(SYS_gettid));
+}
+
 int64_t NowNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -51,7 +55,7 @@ void OnFault(int sig, siginfo_t* info, void* context) {
   if (info->si_code == SEGV_ACCERR && a >= g_lo.load(std::memory_order_acquire) &&
       a < g_hi.load(std::memory_order_acquire)) {
     if (g_moving.load(std::memory_order_acquire) &&
-        g_mover.load(std::memory_order_relaxed) == static_cast<pid_t>(syscall(SYS_gettid))) {
+        g_mover.load(std::memory_order_relaxed) == ThreadId()) {
       // A signal handler on the moving thread itself: waiting would never end. Its page is made
       // writable, and that write may be lost as every such write was before the guard.
       const uintptr_t page = a & ~(g_page_bytes - 1);
@@ -82,20 +86,9 @@ bool Install() {
   return sigaction(SIGSEGV, &ours, nullptr) == 0;
 }
 
-}  // namespace
-
-bool PageMoveGuard::Begin(uintptr_t start, size_t len) {
-  if (!Install()) return false;
-  g_mover.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
-  g_moving.store(1, std::memory_order_relaxed);
-  g_lo.store(start, std::memory_order_relaxed);
-  g_hi.store(start + len, std::memory_order_release);
-  if (mprotect(reinterpret_cast<void*>(start), len, PROT_READ) == 0) return true;
-  End(false);
-  return false;
-}
-
-void PageMoveGuard::End(bool restore) {
+// The move is over (`restore`: it failed, the old pages are made writable again): writers that
+// wait for it go on.
+void EndMove(bool restore) {
   if (restore)
     mprotect(reinterpret_cast<void*>(g_lo.load(std::memory_order_relaxed)),
              g_hi.load(std::memory_order_relaxed) - g_lo.load(std::memory_order_relaxed),
@@ -103,6 +96,23 @@ void PageMoveGuard::End(bool restore) {
   g_ended_ns.store(NowNs(), std::memory_order_release);
   g_moving.store(0, std::memory_order_release);
   syscall(SYS_futex, &g_moving, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+PageMoveGuard::PageMoveGuard(uintptr_t start, size_t len) : on_(Install()) {
+  if (!on_) return;
+  g_mover.store(ThreadId(), std::memory_order_relaxed);
+  g_moving.store(1, std::memory_order_relaxed);
+  g_lo.store(start, std::memory_order_relaxed);
+  g_hi.store(start + len, std::memory_order_release);
+  if (mprotect(reinterpret_cast<void*>(start), len, PROT_READ) == 0) return;
+  EndMove(false);
+  on_ = false;
+}
+
+PageMoveGuard::~PageMoveGuard() {
+  if (on_) EndMove(!moved_);
 }
 
 }  // namespace softrdma::link

@@ -13,14 +13,24 @@
 
 namespace softrdma::link {
 
+// One move, one guard on the mover's stack: it makes [start, start+len) read-only (one move at a
+// time: callers serialise moves), and its end wakes the writers that wait. A move not confirmed by
+// Moved() failed: the old pages stay and are made writable again.
 class PageMoveGuard {
  public:
-  // Makes [start, start+len) read-only for a move, one at a time (callers serialise moves). False
-  // when it could not: move nothing.
-  static bool Begin(uintptr_t start, size_t len);
-  // The move is over: the pages are writable in their new home. `restore`: the move failed, the
-  // old pages stay and are made writable again.
-  static void End(bool restore);
+  PageMoveGuard(uintptr_t start, size_t len);
+  ~PageMoveGuard();
+  PageMoveGuard(const PageMoveGuard&) = delete;
+  PageMoveGuard& operator=(const PageMoveGuard&) = delete;
+
+  // False: the pages could not be made read-only; move nothing (the destructor does nothing).
+  bool ok() const { return on_; }
+  // The pages are in their new home, writable there.
+  void Moved() { moved_ = true; }
+
+ private:
+  bool on_;
+  bool moved_ = false;
 };
 
 }  // namespace softrdma::link

@@ -186,18 +186,14 @@ bool SharedMemory::MovedOntoArena(uintptr_t start, size_t len, uint64_t* offset)
   void* at = reinterpret_cast<void*>(start);
   // Read-only from the copy to the remap: another thread's write meanwhile waits for the remap
   // instead of landing in a page about to be dropped.
-  if (!PageMoveGuard::Begin(start, len)) {
-    Free(off, len);
-    return false;
-  }
-  if (pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
+  PageMoveGuard guard(start, len);
+  if (!guard.ok() || pwrite(fd_, at, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len) ||
       MapDirect(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
                 static_cast<off_t>(off)) == MAP_FAILED) {
-    PageMoveGuard::End(true);
     Free(off, len);
     return false;
   }
-  PageMoveGuard::End(false);
+  guard.Moved();
   *offset = off;
   return true;
 }
@@ -209,16 +205,14 @@ bool SharedMemory::MoveToPrivate(uintptr_t start, size_t len) {
                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (fresh == MAP_FAILED) return false;  // the pages stay shared: still correct, only not freed
   void* at = reinterpret_cast<void*>(start);
-  if (!PageMoveGuard::Begin(start, len)) {  // as in MovedOntoArena
-    UnmapDirect(fresh, len);
-    return false;
+  PageMoveGuard guard(start, len);  // as in MovedOntoArena
+  if (guard.ok()) {
+    std::memcpy(fresh, at, len);
+    if (RemapDirect(fresh, len, at) != MAP_FAILED) {
+      guard.Moved();
+      return true;
+    }
   }
-  std::memcpy(fresh, at, len);
-  if (RemapDirect(fresh, len, at) != MAP_FAILED) {
-    PageMoveGuard::End(false);
-    return true;
-  }
-  PageMoveGuard::End(true);
   UnmapDirect(fresh, len);
   return false;
 }
