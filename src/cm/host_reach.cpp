@@ -31,6 +31,28 @@ namespace {
 // then hands each to the listener the REQ names (and applies that listener's backlog).
 constexpr int kRendezvousBacklog = 128;
 
+// An id's own service fd (its rendezvous, its probe): watched by the service's epoll under `tag`
+// (| the fd), found by its number in `by_fd`, and held in `*held`.
+void Watch(int epoll_fd, int fd, uint32_t events, uint64_t tag, CmId* id,
+           std::map<int, CmId*>* by_fd, int* held) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = tag | static_cast<uint64_t>(fd);
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  (*by_fd)[fd] = id;
+  *held = fd;
+}
+
+// Stops watching the fd in `*held` and hands it over (-1: none).
+int Unwatch(int epoll_fd, std::map<int, CmId*>* by_fd, int* held) {
+  const int fd = *held;
+  if (fd < 0) return -1;
+  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+  by_fd->erase(fd);
+  *held = -1;
+  return fd;
+}
+
 }  // namespace
 
 void Cm::OpenRendezvous(CmId* id) {
@@ -57,20 +79,11 @@ void Cm::OpenRendezvous(CmId* id) {
     close(fd);
     return;
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kRendezvousTag | static_cast<uint64_t>(fd);
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-  rendezvous_[fd] = id;
-  id->rendezvous_fd = fd;
+  Watch(epoll_fd_, fd, EPOLLIN, kRendezvousTag, id, &rendezvous_, &id->rendezvous_fd);
 }
 
 void Cm::CloseRendezvous(CmId* id) {
-  if (id->rendezvous_fd < 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, id->rendezvous_fd, nullptr);
-  rendezvous_.erase(id->rendezvous_fd);
-  close(id->rendezvous_fd);
-  id->rendezvous_fd = -1;
+  if (int fd = Unwatch(epoll_fd_, &rendezvous_, &id->rendezvous_fd); fd >= 0) close(fd);
 }
 
 void Cm::AcceptRendezvous(int fd) {
@@ -107,12 +120,7 @@ void Cm::StartProbe(CmId* id) {
     if (refused) ProbeAnswered(id);  // otherwise no way there: the timer says so
     return;
   }
-  epoll_event ev{};
-  ev.events = EPOLLOUT;
-  ev.data.u64 = kProbeTag | static_cast<uint64_t>(fd);
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-  probes_[fd] = id;
-  id->probe_fd = fd;
+  Watch(epoll_fd_, fd, EPOLLOUT, kProbeTag, id, &probes_, &id->probe_fd);
 }
 
 void Cm::CancelProbe(CmId* id) {
@@ -120,11 +128,7 @@ void Cm::CancelProbe(CmId* id) {
     id->probe_peer->probing.erase(id);
     id->probe_peer = nullptr;
   }
-  if (id->probe_fd < 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, id->probe_fd, nullptr);
-  probes_.erase(id->probe_fd);
-  close(id->probe_fd);
-  id->probe_fd = -1;
+  if (int fd = Unwatch(epoll_fd_, &probes_, &id->probe_fd); fd >= 0) close(fd);
 }
 
 void Cm::OnProbeDone(int fd) {
@@ -138,9 +142,7 @@ void Cm::OnProbeDone(int fd) {
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-  probes_.erase(it);
-  id->probe_fd = -1;
+  Unwatch(epoll_fd_, &probes_, &id->probe_fd);
   if (err != 0) {
     close(fd);
     if (err == ECONNREFUSED) ProbeAnswered(id);  // the host is there, nobody listens yet

@@ -524,7 +524,8 @@ hosts_cases() {
 	rs_case rstream -S 65536 -C 1000 -T b
 	rs_case riostream -S 4096 -C 1000
 	rcopy_case 100
-	rs_case udpong
+	# No udpong: its datagrams cross as they do in --netns (the UDP port space's CM is udaddy's
+	# here), and under load it is the suite's flaky case there (it resends after 1 ms).
 }
 
 all_cases() {

@@ -50,9 +50,7 @@ class CmBadInput : public CmTest {
 TEST_F(CmBadInput, GarbageIsDropped) {
   RawClient raw(service_);
   ASSERT_TRUE(raw.ok());
-  std::vector<uint8_t> junk(300);
-  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 131 + 17);
-  ASSERT_TRUE(raw.Send(junk));
+  ASSERT_TRUE(raw.Send(Garbage()));
   EXPECT_TRUE(raw.ClosedByPeer());
   ListenerStillServes();
 }

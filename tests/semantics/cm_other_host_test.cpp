@@ -87,9 +87,7 @@ TEST_F(CmOtherHost, GarbageOnTheTcpPortCostsOnlyThatChannel) {
   ListenOnAnyAddress();
   RawClient raw(port_);
   ASSERT_TRUE(raw.ok());
-  std::vector<uint8_t> junk(300);
-  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 71 + 5);
-  ASSERT_TRUE(raw.Send(junk));
+  ASSERT_TRUE(raw.Send(Garbage()));
   EXPECT_TRUE(raw.ClosedByPeer());
   ListenerStillServes();
   EXPECT_TRUE(TcpConnects(port_));

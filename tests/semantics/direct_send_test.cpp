@@ -221,40 +221,59 @@ int Receiver(ChildPipe p, QpOpts o) {
 // The direct way needs nothing of the receiving process: with it stopped, the sender's completion
 // comes at once (a frame waits for the receiver's acknowledgement, and would fail once the
 // retries ran out), and the receiver finds the message when it runs again.
-TEST(DirectSendTo, AStoppedPeerStillReceivesAndTheSenderCompletesAtOnce) {
-  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
+// A QP connected to a receiving child that the test stops once its receives are published, and a
+// region of Pattern bytes to send from.
+class StoppedPeer : public ::testing::Test {
+ protected:
+  void Start(int (*receiver)(ChildPipe, QpOpts)) {
+    if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
+    ASSERT_TRUE(v.Open());
+    QpOpts o;
+    o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
+    q = v.NewQp(o);
+    ASSERT_NE(q, nullptr);
+    ASSERT_TRUE(region.Make(v.pd));
+    for (size_t i = 0; i < kRegion; ++i) region.p[i] = Pattern(i);
+    ASSERT_TRUE(child.Start([o, receiver](int up, int down) {
+      return receiver(ChildPipe{up, down}, o);
+    }));
+    Remote theirs;
+    ASSERT_TRUE(child.Recv(&theirs));
+    ASSERT_TRUE(child.Send(v.RemoteOf(q)));
+    ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
+    char ready;
+    ASSERT_TRUE(child.Recv(&ready));
+  }
+  // Its receives published, the peer opens no more doors than it had: stop it.
+  void Stop() { ASSERT_EQ(kill(child.pid(), SIGSTOP), 0); }
+  void Resume() { ASSERT_EQ(kill(child.pid(), SIGCONT), 0); }
+  // Lets the child check what it received; its verdict, 'K' when all is well.
+  char Verdict() {
+    char verdict = 0;
+    EXPECT_TRUE(child.Send('c') && child.Recv(&verdict));
+    EXPECT_EQ(child.Wait(), 0);
+    return verdict;
+  }
+
   Verbs v;
-  ASSERT_TRUE(v.Open());
-  QpOpts o;
-  o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
-  Qp* q = v.NewQp(o);
-  ASSERT_NE(q, nullptr);
+  Qp* q = nullptr;
   Region region;
-  ASSERT_TRUE(region.Make(v.pd));
-  for (size_t i = 0; i < kRegion; ++i) region.p[i] = Pattern(i);
   ForkedPeer child;
-  ASSERT_TRUE(child.Start([o](int up, int down) { return Receiver(ChildPipe{up, down}, o); }));
-  Remote theirs;
-  ASSERT_TRUE(child.Recv(&theirs));
-  ASSERT_TRUE(child.Send(v.RemoteOf(q)));
-  ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
-  char ready;
-  ASSERT_TRUE(child.Recv(&ready));
-  // Its receive published, the peer opens no more doors than it had: stop it.
-  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+};
+
+TEST_F(StoppedPeer, StillReceivesASendAndTheSenderCompletesAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(Receiver));
+  if (IsSkipped()) return;
+  ASSERT_NO_FATAL_FAILURE(Stop());
   SendArgs s;
   s.sges = {region.Sge(0, 256)};
   ASSERT_EQ(Post(q->qp, s), 0);
   ibv_wc wc{};
   bool completed = PollOne(q->scq, &wc, std::chrono::seconds(2));
-  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  ASSERT_NO_FATAL_FAILURE(Resume());
   ASSERT_TRUE(completed) << "no send completion while the receiver was stopped";
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
-  ASSERT_TRUE(child.Send('c'));
-  char verdict = 0;
-  ASSERT_TRUE(child.Recv(&verdict));
-  EXPECT_EQ(verdict, 'K');
-  EXPECT_EQ(child.Wait(), 0);
+  EXPECT_EQ(Verdict(), 'K');
 }
 
 // Where a direct RDMA WRITE with immediate goes: the receiving child's region, and the receive WQE
@@ -298,28 +317,12 @@ int ImmReceiver(ChildPipe p, QpOpts o) {
 // An RDMA WRITE with immediate consumes a receive WQE as a SEND does, and is done the same direct
 // way (rsockets moves all its data and credits so): with the receiver stopped, both the 256-byte
 // and the empty one complete at once at the sender, and the receiver finds them when it runs.
-TEST(DirectSendTo, AStoppedPeerGetsWritesWithImmediateAndTheSenderCompletesAtOnce) {
-  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
-  Verbs v;
-  ASSERT_TRUE(v.Open());
-  QpOpts o;
-  o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
-  Qp* q = v.NewQp(o);
-  ASSERT_NE(q, nullptr);
-  Region region;
-  ASSERT_TRUE(region.Make(v.pd));
-  for (size_t i = 0; i < kRegion; ++i) region.p[i] = Pattern(i);
-  ForkedPeer child;
-  ASSERT_TRUE(child.Start([o](int up, int down) { return ImmReceiver(ChildPipe{up, down}, o); }));
-  Remote theirs;
-  ASSERT_TRUE(child.Recv(&theirs));
-  ASSERT_TRUE(child.Send(v.RemoteOf(q)));
-  ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
-  char ready;
+TEST_F(StoppedPeer, GetsWritesWithImmediateAndTheSenderCompletesAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(ImmReceiver));
+  if (IsSkipped()) return;
   WriteTarget t{};
-  ASSERT_TRUE(child.Recv(&ready));
   ASSERT_TRUE(child.Recv(&t));
-  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  ASSERT_NO_FATAL_FAILURE(Stop());
   SendArgs s;
   s.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   s.sges = {region.Sge(0, 256)};
@@ -331,17 +334,13 @@ TEST(DirectSendTo, AStoppedPeerGetsWritesWithImmediateAndTheSenderCompletesAtOnc
   s.sges.clear();
   s.imm = 0x5678;
   completed = completed && Post(q->qp, s) == 0 && PollOne(q->scq, &wc[1], std::chrono::seconds(2));
-  ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
+  ASSERT_NO_FATAL_FAILURE(Resume());
   ASSERT_TRUE(completed) << "no send completion while the receiver was stopped";
   for (const ibv_wc& w : wc) {
     EXPECT_EQ(w.status, IBV_WC_SUCCESS) << WcStr(w);
     EXPECT_EQ(w.opcode, IBV_WC_RDMA_WRITE);
   }
-  ASSERT_TRUE(child.Send('c'));
-  char verdict = 0;
-  ASSERT_TRUE(child.Recv(&verdict));
-  EXPECT_EQ(verdict, 'K') << "n: no completion, w: wrong fields, d: wrong data";
-  EXPECT_EQ(child.Wait(), 0);
+  EXPECT_EQ(Verdict(), 'K') << "n: no completion, w: wrong fields, d: wrong data";
 }
 
 // SENDs that take the long way (the second WQE's buffer is not shared) and SENDs placed

@@ -78,6 +78,13 @@ inline std::vector<uint8_t> Req(uint32_t sender, uint16_t port, uint8_t resp, ui
   return m;
 }
 
+// Bytes that are no CM message (their header's version and length are nonsense).
+inline std::vector<uint8_t> Garbage(size_t n = 300) {
+  std::vector<uint8_t> junk(n);
+  for (size_t i = 0; i < n; ++i) junk[i] = static_cast<uint8_t>(i * 131 + 17);
+  return junk;
+}
+
 class RawClient {
  public:
   explicit RawClient(uint16_t service_port) {
