@@ -12,8 +12,8 @@
 #   --netns      servers in namespace A, clients in namespace B (needs root;
 #                exits 77 = skipped when namespaces are not available)
 #   --hosts      as --netns, and the client has a run directory of its own: two
-#                hosts, which share no /dev/shm (a subset of the cases: one of
-#                each tool; multicast groups are host-wide, so no mckey)
+#                hosts, which share no /dev/shm (a subset of the cases, see
+#                hosts_cases; multicast groups are host-wide, so no mckey)
 #   --quick      fewer iterations and a 240 s overall budget (for ctest; a
 #                green run takes well under 3 minutes)
 #   --filter E   only cases whose name matches the extended regex E
