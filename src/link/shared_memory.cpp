@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "link/page_move_guard.h"
+#include "link/process_maps.h"
 #include "link/sanitizers.h"
 
 namespace softrdma::link {
@@ -22,53 +23,6 @@ namespace {
 size_t PageBytes() {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return page;
-}
-
-// One line of /proc/self/maps.
-struct Mapping {
-  uintptr_t start, end;
-  char perms[5];
-  uint64_t offset;
-  uint64_t inode;
-  char path[256];
-};
-
-bool ParseMapping(const char* line, Mapping* m) {
-  unsigned dev_major, dev_minor;
-  int n = std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %255[^\n]",
-                      &m->start, &m->end, m->perms, &m->offset, &dev_major, &dev_minor, &m->inode,
-                      m->path);
-  if (n < 7) return false;
-  if (n == 7) m->path[0] = '\0';
-  return true;
-}
-
-// Calls `fn` for each mapping of the process, in address order, until it returns false.
-template <typename Fn>
-void ForEveryMapping(Fn fn) {
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (!f) return;
-  char line[512];
-  Mapping m{};
-  while (std::fgets(line, sizeof line, f))
-    if (ParseMapping(line, &m) && !fn(m)) break;
-  std::fclose(f);
-}
-
-// Calls `fn` for each mapping overlapping [start, end), in address order; false if `fn` refuses one
-// or a gap leaves part of the range unmapped.
-template <typename Fn>
-bool ForEachMapping(uintptr_t start, uintptr_t end, Fn fn) {
-  uintptr_t covered = start;
-  bool ok = true;
-  ForEveryMapping([&](const Mapping& m) {
-    if (m.end <= covered) return true;
-    if (m.start > covered) return ok = false;  // a hole
-    ok = fn(m);
-    covered = m.end;
-    return ok && covered < end;
-  });
-  return ok && covered >= end;
 }
 
 bool PrivateAnonymous(uintptr_t start, uintptr_t end) {

@@ -1,0 +1,140 @@
+#include "link/process_maps.h"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+namespace softrdma::link {
+namespace {
+
+// struct procmap_query of <linux/fs.h> (Linux 6.11), which Debian 12's headers predate.
+struct ProcmapQuery {
+  uint64_t size;
+  uint64_t query_flags;
+  uint64_t query_addr;
+  uint64_t vma_start;
+  uint64_t vma_end;
+  uint64_t vma_flags;
+  uint64_t vma_page_size;
+  uint64_t vma_offset;
+  uint64_t inode;
+  uint32_t dev_major;
+  uint32_t dev_minor;
+  uint32_t vma_name_size;
+  uint32_t build_id_size;
+  uint64_t vma_name_addr;
+  uint64_t build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104);
+static_assert(offsetof(ProcmapQuery, vma_name_size) == 80);
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kVmaReadable = 1, kVmaWritable = 2, kVmaExecutable = 4, kVmaShared = 8;
+
+// 1: the kernel answers the query, 0: it does not, -1: not asked yet.
+std::atomic<int> g_query_works{-1};
+
+bool ParseMapping(const char* line, Mapping* m) {
+  unsigned dev_major, dev_minor;
+  int n = std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %x:%x %" SCNu64 " %255[^\n]",
+                      &m->start, &m->end, m->perms, &m->offset, &dev_major, &dev_minor, &m->inode,
+                      m->path);
+  if (n < 7) return false;
+  if (n == 7) m->path[0] = '\0';
+  return true;
+}
+
+bool ForEachMappingInText(uintptr_t start, uintptr_t end,
+                          const std::function<bool(const Mapping&)>& fn) {
+  uintptr_t covered = start;
+  bool ok = true;
+  ForEveryMapping([&](const Mapping& m) {
+    if (m.end <= covered) return true;
+    if (m.start > covered) return ok = false;  // a hole
+    ok = fn(m);
+    covered = m.end;
+    return ok && covered < end;
+  });
+  return ok && covered >= end;
+}
+
+enum class Query { kDone, kRefused, kUnsupported };
+
+// Opened per call: a descriptor kept across fork() would describe the parent's memory.
+Query ForEachMappingByQuery(uintptr_t start, uintptr_t end,
+                            const std::function<bool(const Mapping&)>& fn) {
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Query::kUnsupported;
+  Query result = Query::kDone;
+  for (uintptr_t covered = start; covered < end;) {
+    Mapping m{};
+    ProcmapQuery q{};
+    q.size = sizeof q;
+    q.query_addr = covered;  // the mapping covering it, or ENOENT: a hole
+    q.vma_name_addr = reinterpret_cast<uintptr_t>(m.path);
+    q.vma_name_size = sizeof m.path;
+    if (ioctl(fd, kProcmapQuery, &q) != 0) {
+      result = errno == ENOENT ? Query::kRefused : Query::kUnsupported;
+      break;
+    }
+    m.start = q.vma_start;
+    m.end = q.vma_end;
+    m.perms[0] = (q.vma_flags & kVmaReadable) ? 'r' : '-';
+    m.perms[1] = (q.vma_flags & kVmaWritable) ? 'w' : '-';
+    m.perms[2] = (q.vma_flags & kVmaExecutable) ? 'x' : '-';
+    m.perms[3] = (q.vma_flags & kVmaShared) ? 's' : 'p';
+    m.offset = q.vma_offset;
+    m.inode = q.inode;
+    if (q.vma_name_size == 0) m.path[0] = '\0';
+    if (!fn(m)) {
+      result = Query::kRefused;
+      break;
+    }
+    covered = m.end;
+  }
+  close(fd);
+  return result;
+}
+
+}  // namespace
+
+bool MapsQueryWorks() {
+  int works = g_query_works.load(std::memory_order_relaxed);
+  if (works < 0) {
+    // The first page of the stack is mapped in every process: a kernel with the query answers.
+    int probe = 0;
+    const auto at = reinterpret_cast<uintptr_t>(&probe);
+    works = ForEachMappingByQuery(at, at + 1, [](const Mapping&) { return true; }) == Query::kDone;
+    g_query_works.store(works, std::memory_order_relaxed);
+  }
+  return works == 1;
+}
+
+bool ForEachMapping(uintptr_t start, uintptr_t end, const std::function<bool(const Mapping&)>& fn,
+                    MapsSource source) {
+  if (source != MapsSource::kText && MapsQueryWorks()) {
+    // A failure past the first mapping (not a hole) reads as a refusal: the callers' answers are
+    // then the cautious ones (not the arena's, not private memory).
+    return ForEachMappingByQuery(start, end, fn) == Query::kDone;
+  }
+  if (source == MapsSource::kQuery) return false;
+  return ForEachMappingInText(start, end, fn);
+}
+
+void ForEveryMapping(const std::function<bool(const Mapping&)>& fn) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return;
+  char line[512];
+  Mapping m{};
+  while (std::fgets(line, sizeof line, f))
+    if (ParseMapping(line, &m) && !fn(m)) break;
+  std::fclose(f);
+}
+
+}  // namespace softrdma::link

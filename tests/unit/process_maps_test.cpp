@@ -1,0 +1,82 @@
+// link/process_maps.h: the mappings of a range, asked of the kernel by address (PROCMAP_QUERY) and
+// read from the text of /proc/self/maps, must be the same, holes included.
+#include "link/process_maps.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using softrdma::link::ForEachMapping;
+using softrdma::link::Mapping;
+using softrdma::link::MapsQueryWorks;
+using softrdma::link::MapsSource;
+
+struct Seen {
+  bool ok = false;
+  std::vector<std::string> mappings;
+};
+
+// The mappings of [start, end) as one line each; a file's name is left out (the text marks a
+// deleted file " (deleted)", the query does not).
+Seen Look(uintptr_t start, uintptr_t end, MapsSource source) {
+  Seen s;
+  s.ok = ForEachMapping(
+      start, end,
+      [&](const Mapping& m) {
+        char line[512];
+        std::snprintf(line, sizeof line, "%lx-%lx %s %lx %lu %s",
+                      static_cast<unsigned long>(m.start), static_cast<unsigned long>(m.end),
+                      m.perms, static_cast<unsigned long>(m.offset),
+                      static_cast<unsigned long>(m.inode), m.inode ? "" : m.path);
+        s.mappings.push_back(line);
+        return true;
+      },
+      source);
+  return s;
+}
+
+void ExpectSameBothWays(uintptr_t start, uintptr_t end, const char* what) {
+  Seen text = Look(start, end, MapsSource::kText);
+  Seen query = Look(start, end, MapsSource::kQuery);
+  EXPECT_EQ(query.ok, text.ok) << what;
+  EXPECT_EQ(query.mappings, text.mappings) << what;
+}
+
+TEST(ProcessMaps, TheQueryAndTheTextAgree) {
+  if (!MapsQueryWorks()) GTEST_SKIP() << "this kernel has no PROCMAP_QUERY (Linux 6.11+)";
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Five pages: read-write, read-only, a hole, read-write, shared memory of a file.
+  auto* base = static_cast<uint8_t*>(
+      mmap(nullptr, 5 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(base, MAP_FAILED);
+  const auto a = reinterpret_cast<uintptr_t>(base);
+  ASSERT_EQ(mprotect(base + page, page, PROT_READ), 0);
+  ASSERT_EQ(munmap(base + 2 * page, page), 0);
+  int fd = memfd_create("process-maps-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(2 * page)), 0);
+  ASSERT_NE(mmap(base + 4 * page, page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                 static_cast<off_t>(page)),
+            MAP_FAILED);
+  ExpectSameBothWays(a, a + 2 * page, "two anonymous mappings");
+  ExpectSameBothWays(a + page / 2, a + page + 1, "a range starting inside a mapping");
+  ExpectSameBothWays(a, a + 4 * page, "across the hole");
+  ExpectSameBothWays(a + 3 * page, a + 5 * page, "anonymous, then the file at an offset");
+  EXPECT_FALSE(Look(a + 2 * page, a + 3 * page, MapsSource::kQuery).ok) << "the hole itself";
+  void* heap = std::malloc(64);
+  const auto h = reinterpret_cast<uintptr_t>(heap);
+  ExpectSameBothWays(h, h + 1, "the heap");
+  std::free(heap);
+  munmap(base, 5 * page);
+  close(fd);
+}
+
+}  // namespace
