@@ -251,6 +251,9 @@ class Cm {
   // `lk` (may be null: the service thread) is released while a new channel connects.
   Peer* PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk);
   Peer* AddPeer(int fd, std::string key);
+  // A connected channel to the service at `key` ("ip:port"): the one already known (`fd` is then
+  // closed), or a new one on `fd`.
+  Peer* AdoptChannel(int fd, const std::string& key);
   void WatchOutput(Peer* p, bool want);
   void Send(Peer* p, const std::vector<uint8_t>& msg);
   void ClosePeer(Peer* p);
@@ -278,9 +281,9 @@ class Cm {
   ibv_pd* pd_ = nullptr;
   ibv_xrcd* xrcd_ = nullptr;  // made on first use: the domain of XRC ids given none (as rdma-core)
   ibv_device_attr device_attr_{};
-  PortClaim presence_;         // makes this namespace's addresses known to connecting processes
-  ibv_gid gid_{};              // GID 0
-  std::vector<ibv_gid> gids_;  // the device's GID table: one per address of this namespace
+  PortClaim presence_;  // makes this namespace's addresses known to connecting processes
+  // The device's GID table, one per address here (GID 0 first); all zero before the device opens.
+  std::vector<ibv_gid> gids_ = std::vector<ibv_gid>(1);
   uint16_t lid_ = 0;
 
   std::map<uint32_t, CmId*> ids_;  // by comm id

@@ -150,14 +150,7 @@ void Cm::OnProbeDone(int fd) {
     return;
   }
   // Connected: a CM answers by its Hello; the channel then serves the connect that follows.
-  std::string key = IpText(id->dst) + ":" + std::to_string(id->dst.port);
-  Peer* p;
-  if (auto known = peers_by_key_.find(key); known != peers_by_key_.end()) {
-    close(fd);
-    p = known->second;
-  } else {
-    p = peers_by_key_[key] = AddPeer(fd, key);
-  }
+  Peer* p = AdoptChannel(fd, IpText(id->dst) + ":" + std::to_string(id->dst.port));
   if (p->hello_seen) {
     ProbeAnswered(id);
   } else {

@@ -41,17 +41,19 @@ ibv_context* Cm::Context() {
   ibv_free_device_list(list);
   if (!ctx) return nullptr;
   ibv_port_attr port{};
+  std::vector<ibv_gid> gids(1);
   if (ibv_query_device(ctx, &device_attr_) != 0 || ibv_query_port(ctx, 1, &port) != 0 ||
-      ibv_query_gid(ctx, 1, 0, &gid_) != 0) {
+      ibv_query_gid(ctx, 1, 0, &gids[0]) != 0) {
     ibv_close_device(ctx);
     return nullptr;
   }
   lid_ = port.lid;
-  for (int i = 0;; ++i) {
+  for (int i = 1;; ++i) {
     ibv_gid g{};
     if (ibv_query_gid(ctx, 1, i, &g) != 0 || g.global.interface_id == 0) break;
-    gids_.push_back(g);
+    gids.push_back(g);
   }
+  gids_ = std::move(gids);
   pd_ = ibv_alloc_pd(ctx);
   if (!pd_) {
     ibv_close_device(ctx);
@@ -64,14 +66,14 @@ ibv_context* Cm::Context() {
 
 const ibv_gid& Cm::GidFor(const Addr& local, uint8_t* index) const {
   if (index) *index = 0;
-  if (local.family != 4 || IsLoopbackIp(local)) return gid_;
+  if (local.family != 4 || IsLoopbackIp(local)) return gids_.front();
   for (size_t i = 0; i < gids_.size(); ++i) {
     if (std::memcmp(gids_[i].raw + 8, local.ip + 12, 4) == 0) {
       if (index) *index = static_cast<uint8_t>(i);
       return gids_[i];
     }
   }
-  return gid_;
+  return gids_.front();
 }
 
 namespace {

@@ -123,13 +123,15 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
     SOFTRDMA_LOG("cm: cannot reach CM service %s", key.c_str());
     return nullptr;
   }
+  return AdoptChannel(fd, key);  // another thread may have connected meanwhile
+}
+
+Peer* Cm::AdoptChannel(int fd, const std::string& key) {
   if (auto it = peers_by_key_.find(key); it != peers_by_key_.end()) {
-    close(fd);  // another thread connected meanwhile
+    close(fd);
     return it->second;
   }
-  Peer* p = AddPeer(fd, key);
-  peers_by_key_[key] = p;
-  return p;
+  return peers_by_key_[key] = AddPeer(fd, key);
 }
 
 // A new channel, either way: watched for input, greeted, and given kHelloTimeoutMs to greet back.
