@@ -8,6 +8,8 @@
 // Each case runs over both links.
 #include <signal.h>
 
+#include <string>
+
 #include "support/semantics_harness.h"
 
 namespace semantics {
@@ -70,6 +72,35 @@ int Sender(ChildPipe p, const char* link, QpOpts o, int count) {
   return 0;
 }
 
+// One flood of kFlood datagrams from a forked sender into `me`, whose kReceives receives are
+// posted and reposted as they complete; returns how many arrived (-1: the sender failed).
+int Flood(Verbs& v, Qp* me, Buffer* rbuf, const char* link) {
+  ForkedPeer child;
+  if (!child.Start([link](int up, int down) {
+        return Sender(ChildPipe{up, down}, link, UdOpts(), kFlood);
+      }))
+    return -1;
+  if (!child.Send(v.RemoteOf(me)) || !child.Send(Remote{})) return -1;
+  int received = 0, bad = 0;
+  auto quiet_since = Clock::now();
+  while (received < kFlood && Clock::now() - quiet_since < milliseconds(2000)) {
+    ibv_wc wc[kReceives];
+    int n = ibv_poll_cq(me->rcq, kReceives, wc);
+    if (n < 0) return -1;
+    if (n > 0) quiet_since = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      bad += wc[i].status != IBV_WC_SUCCESS || wc[i].byte_len != kLen + 40;
+      ++received;
+      if (PostRecv(me->qp, *rbuf, wc[i].wr_id * 256, 256, wc[i].wr_id)) return -1;
+    }
+  }
+  char c = 0;
+  const bool done = child.Recv(&c, milliseconds(10000)) && c == 'S';
+  child.Send('x');
+  EXPECT_EQ(bad, 0);
+  return done ? received : -1;
+}
+
 TEST_P(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
   QpOpts o = UdOpts();
   o.max_recv_wr = kReceives;
@@ -78,33 +109,19 @@ TEST_P(UdWait, AFloodIsNotLostToAReceiverThatKeepsReposting) {
   ASSERT_EQ(BringUp(me->qp, o, Remote{}), 0);
   Buffer* rbuf = Buf(kReceives * 256);
   for (int i = 0; i < kReceives; ++i) ASSERT_EQ(PostRecv(me->qp, *rbuf, i * 256, 256, i), 0);
-  ForkedPeer child;
-  const char* link = GetParam();
-  ASSERT_TRUE(child.Start([link](int up, int down) {
-    return Sender(ChildPipe{up, down}, link, UdOpts(), kFlood);
-  }));
-  ASSERT_TRUE(child.Send(v.RemoteOf(me)));
-  ASSERT_TRUE(child.Send(Remote{}));
-  int received = 0, bad = 0;
-  auto quiet_since = Clock::now();
-  while (received < kFlood && Clock::now() - quiet_since < milliseconds(2000)) {
-    ibv_wc wc[kReceives];
-    int n = ibv_poll_cq(me->rcq, kReceives, wc);
-    ASSERT_GE(n, 0);
-    if (n > 0) quiet_since = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      bad += wc[i].status != IBV_WC_SUCCESS || wc[i].byte_len != kLen + 40;
-      ++received;
-      ASSERT_EQ(PostRecv(me->qp, *rbuf, wc[i].wr_id * 256, 256, wc[i].wr_id), 0);
-    }
+  // Every one arrives unless this thread stalls beyond the wait's bound (5 ms), which a loaded
+  // sanitizer run does now and then (2,752 of 3,000 once): a flood may be tried three times.
+  // Without the wait every try loses more (100-300 of 3,000 arrive on shm, 2,580-2,730 on tcp).
+  std::string tries;
+  bool kept = false;
+  for (int attempt = 0; attempt < 3 && !kept; ++attempt) {
+    const int received = Flood(v, me, rbuf, GetParam());
+    ASSERT_GE(received, 0) << "the sender failed";
+    tries += " " + std::to_string(received);
+    kept = received >= kFlood * 95 / 100;
   }
-  char c = 0;
-  EXPECT_TRUE(child.Recv(&c, milliseconds(10000)));
-  EXPECT_EQ(c, 'S');
-  EXPECT_EQ(bad, 0);
-  // Every one, unless this process stalled beyond the bound (a loaded sanitizer run may).
-  EXPECT_GE(received, kFlood * 95 / 100) << "datagrams were lost while receives were reposted";
-  child.Send('x');
+  EXPECT_TRUE(kept) << "datagrams were lost while receives were reposted; of " << kFlood
+                    << " arrived:" << tries;
 }
 
 TEST_P(UdWait, AReceiverWithoutReceivesHoldsTheOthersOnlyForTheBound) {
