@@ -394,6 +394,15 @@ int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next
   return -1;
 }
 
+void Hca::RestageDirectRecvs() {
+  std::vector<std::shared_ptr<Qp>> qps;
+  {
+    std::lock_guard g(direct_mu_);  // not held into a QP's lock: it comes after them
+    qps = direct_qps_;
+  }
+  for (auto& qp : qps) qp->RestageDirectRecvs();
+}
+
 void Hca::RemoveDirectRecv(const Qp* qp, int watch) {
   std::lock_guard g(direct_mu_);
   if (watch >= 0)

@@ -108,6 +108,10 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   int AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next_state,
                     uint32_t index);
   void RemoveDirectRecv(const Qp* qp, int watch);
+  // After a region was deregistered or changed: WQEs published staged (recv_staging.h) whose
+  // buffers it held are taken back and published again only if they still resolve, so that a
+  // SEND for them takes the long way and fails there, for the sender too, as on a NIC.
+  void RestageDirectRecvs();
   // `index`: the WQE count the slot is done for (its state's upper half).
   void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state, uint32_t index) {
     if (watch >= 0)

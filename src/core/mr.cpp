@@ -27,11 +27,26 @@ constexpr int kRemoteRights =
 // Same-host peers reach a region's memory directly when it lies in the arena: for one-sided
 // operations its remote rights allow, and to place SENDs in the receive buffers of a QP that
 // published its receive queue (kRecvRight: the region is writable locally).
-void PublishWindow(const Mr& m) {
+uint32_t WindowRights(const Mr& m) {
   uint32_t rights = static_cast<uint32_t>(m.access & kRemoteRights);
   if (m.access & IBV_ACCESS_LOCAL_WRITE) rights |= link::kRecvRight;
-  if (rights)
+  return rights;
+}
+
+void PublishWindow(const Mr& m) {
+  if (uint32_t rights = WindowRights(m))
     link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length, rights);
+}
+
+// Shares the region's pages (best effort) and notes the part its window will cover.
+void Share(Mr* m) {
+  m->registration = link::SharedMemory::Get().Share(m->addr, m->length);
+  uint64_t skip, len, offset;
+  if (WindowRights(*m) &&
+      link::SharedWindows::ReachablePart(m->addr, m->length, &skip, &len, &offset)) {
+    m->reach_begin = reinterpret_cast<uintptr_t>(m->addr) + skip;
+    m->reach_end = m->reach_begin + len;
+  }
 }
 
 }  // namespace
@@ -45,7 +60,7 @@ MrTable::MrTable()
 uint32_t MrTable::Insert(const Mr& mr) {
   // Large regions become readable by same-host peers (outside the table's lock: it parses maps).
   Mr m = mr;
-  m.registration = link::SharedMemory::Get().Share(mr.addr, mr.length);
+  Share(&m);
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     for (;;) {
@@ -84,7 +99,7 @@ bool MrTable::Remove(uint32_t key, bool* busy) {
 bool MrTable::Update(uint32_t key, const Mr& mr) {
   Mr m = mr;
   m.key = key;
-  m.registration = link::SharedMemory::Get().Share(mr.addr, mr.length);
+  Share(&m);
   Mr old;
   {
     std::unique_lock<std::shared_mutex> g(mu_);

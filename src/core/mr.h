@@ -24,6 +24,8 @@ struct Mr {
   int access;                 // ibv_access_flags
   uint32_t key;               // lkey == rkey
   uint64_t registration = 0;  // its link::SharedMemory registration id (never 0 once registered)
+  // Host bytes [reach_begin, reach_end) are in its window: same-host peers write them directly.
+  uintptr_t reach_begin = 0, reach_end = 0;
 };
 
 // A memory window: remote access to part of a region, under its own key. The key's upper 24 bits
@@ -77,6 +79,14 @@ class MrTable {
   uint8_t* Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access, bool local,
                    KeyCheck* why, uint32_t qpn = 0, uint64_t* iova = nullptr,
                    Cache* cache = nullptr) const;
+
+  // Whether same-host peers reach the local piece [va, va+len) of `key` directly (its window
+  // covers it). False too when there is no such region.
+  bool Reachable(uint32_t key, uint64_t va, uint64_t len, Cache* cache) const {
+    Mr m;
+    return Lookup(key, &m, cache) && va >= m.reach_begin && va <= m.reach_end &&
+           len <= m.reach_end - va;
+  }
 
   // Resolve of a local piece when `cache` answers it, nullptr otherwise (then Resolve says why).
   // Inline, for the direct paths: through Resolve the cache's answer cost a sixth of the time

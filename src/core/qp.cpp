@@ -558,6 +558,7 @@ void Qp::Shutdown() {
   ResumeWaitingLocked();
   PublishEndpointLocked();  // closed to direct access
   CloseDirectRecvLocked();
+  staging_.reset();             // the closed block's senders are done with it
   hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
   for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {

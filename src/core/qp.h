@@ -17,6 +17,7 @@
 #include "core/mr.h"
 #include "core/opcode.h"
 #include "core/recv_queue.h"
+#include "core/recv_staging.h"
 #include "core/wire.h"
 #include "link/link.h"
 #include "link/shared_windows.h"
@@ -150,6 +151,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int TryCollectDirectRecvsInto(ibv_wc* out, int room);
   // Publishes the receive WQEs a collection left to an idle moment; false: the QP is busy.
   bool TryRefillDirectRecvs();  // false: busy, or still due
+  void RestageDirectRecvs();    // Hca::RestageDirectRecvs
   // Runs expired timers; returns the next wake-up wanted (INT64_MAX: none) and sets `*due` to the
   // exact next deadline (at or before the wake-up: a deferred ACK's is checked by the passes that
   // run anyway, its wake-up is coarse).
@@ -348,6 +350,17 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
   link::DirectRecvQueue* direct_rq_ = nullptr;
   bool direct_rq_refused_ = false;
+  // Published WQEs whose buffers peers cannot reach name a slot of staging_ (recv_staging.h);
+  // staged_ has a bit per slot so published. staging_ is made once kStagingDemand refills wanted
+  // it (StagingLocked); refused: it could not be.
+  std::unique_ptr<RecvStaging> staging_;
+  bool staging_refused_ = false;
+  static constexpr uint32_t kStagingDemand = 64;
+  uint32_t staging_demand_ = 0;
+  uint32_t staged_ = 0;
+  RecvStaging* StagingLocked();
+  // Copies a staged slot's message into `w`'s buffers; false when one of them is gone.
+  bool UnstageLocked(uint32_t index, const RecvWqe& w, uint32_t byte_len);
   bool refill_due_ = false;  // Hca::refill_due_ was set when it became true
   int direct_watch_ = -1;    // its entry in the HCA's watched receive queues, if it has one
   int direct_feed_ = -1;     // its entry in recv_cq_'s direct feeds, if it has one

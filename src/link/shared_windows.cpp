@@ -67,22 +67,28 @@ int SharedWindows::fd() {
   return EnsureLocked() ? fd_ : -1;
 }
 
+bool SharedWindows::ReachablePart(const void* addr, uint64_t len, uint64_t* skip,
+                                  uint64_t* part_len, uint64_t* arena_offset) {
+  // What peers ask beyond the part goes by frames, where the responder checks the whole region.
+  SharedMemory::Piece piece = SharedMemory::Get().Find(addr, len);
+  *skip = 0;
+  if (!piece.shared) {
+    *skip = piece.len;               // private bytes before the first shared one
+    if (*skip >= len) return false;  // none of it in the arena: frames only
+    piece = SharedMemory::Get().Find(static_cast<const uint8_t*>(addr) + *skip, len - *skip);
+    if (!piece.shared) return false;
+  }
+  *part_len = piece.len;
+  *arena_offset = piece.offset;
+  return true;
+}
+
 void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const void* addr,
                             uint64_t len, uint32_t rights) {
   if (key == 0 || key == kWindowTombstone || len == 0) return;
-  // The part of the region in the arena: all of it, or the whole pages inside it when its first or
-  // last page holds other data too (a buffer from malloc). Peers reach that part directly; what
-  // they ask beyond it goes by frames, where the responder checks the whole region.
-  SharedMemory::Piece piece = SharedMemory::Get().Find(addr, len);
-  uint64_t skip = 0;
-  if (!piece.shared) {
-    skip = piece.len;         // private bytes before the first shared one
-    if (skip >= len) return;  // none of it in the arena: frames only
-    piece = SharedMemory::Get().Find(static_cast<const uint8_t*>(addr) + skip, len - skip);
-    if (!piece.shared) return;
-  }
+  uint64_t skip, offset;
+  if (!ReachablePart(addr, len, &skip, &len, &offset)) return;
   base += skip;
-  len = piece.len;
   std::lock_guard<std::mutex> g(mu_);
   if (!EnsureLocked()) return;
   for (uint32_t i = 0, h = Hash(key); i < kWindowSlots; ++i) {
@@ -93,7 +99,7 @@ void SharedWindows::Publish(uint32_t key, uint32_t domain, uint64_t base, const 
     e.domain = domain;
     e.base = base;
     e.len = len;
-    e.arena_offset = piece.offset;
+    e.arena_offset = offset;
     e.rights = rights;
     e.publication.store(e.publication.load(std::memory_order_relaxed) + 1,
                         std::memory_order_relaxed);

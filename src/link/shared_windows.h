@@ -157,7 +157,12 @@ class SharedWindows {
   static SharedWindows& Get();
   // The table's descriptor (read-write: peers count themselves in), -1 if it could not be made.
   int fd();
-  // Publishes [addr, addr+len) under `key` when all of it lies in the arena.
+  // The part of [addr, addr+len) a window of it covers, which peers reach directly: all of it, or
+  // the whole pages inside it when its first or last page holds other data too (a buffer from
+  // malloc). False when none of it lies in the arena. `*skip`: its bytes before that part.
+  static bool ReachablePart(const void* addr, uint64_t len, uint64_t* skip, uint64_t* part_len,
+                            uint64_t* arena_offset);
+  // Publishes the part of [addr, addr+len) in the arena (ReachablePart) under `key`.
   void Publish(uint32_t key, uint32_t domain, uint64_t base, const void* addr, uint64_t len,
                uint32_t rights);
   // Withdraws `key`; returns once no peer is inside an access to it.

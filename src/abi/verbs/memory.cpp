@@ -146,6 +146,7 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
   }
   m.pd = &new_pd->core;
   hca.mrs().Update(mr->lkey, m);
+  hca.RestageDirectRecvs();
   if (new_pd != old_pd) {
     --old_pd->users;
     ++new_pd->users;
@@ -159,6 +160,7 @@ SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   core::Hca& hca = CoreOf(mr->context).hca();
   bool busy = false;
   if (!hca.mrs().Remove(mr->lkey, &busy)) return busy ? EBUSY : EINVAL;  // windows still bound
+  hca.RestageDirectRecvs();
   // Read responses still queued may point into the region the caller is about to free.
   hca.SecureQueuedPayloads();
   --VerbsPd::From(mr->pd)->users;
