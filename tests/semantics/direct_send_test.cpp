@@ -25,6 +25,8 @@ namespace {
 using namespace semantics;
 
 constexpr size_t kRegion = 64 << 10;
+// An int, not the enum: ibv_reg_mr's macro ORs it with another enum's value (clang warns).
+constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
 
 // Page-aligned anonymous memory, registered: the shared-memory link can share it.
 struct Region {
@@ -286,8 +288,8 @@ int SmallBufferReceiver(ChildPipe p, QpOpts o) {
   if (int e = c.Connect(p, o, 64)) return e;
   auto* page = static_cast<uint8_t*>(aligned_alloc(4096, 4096));
   auto* bytes = static_cast<uint8_t*>(aligned_alloc(4096, 4096));
-  ibv_mr* a = page ? ibv_reg_mr(c.v.pd, page, 4096, IBV_ACCESS_LOCAL_WRITE) : nullptr;
-  ibv_mr* b = bytes ? ibv_reg_mr(c.v.pd, bytes + 512, 64, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  ibv_mr* a = page ? ibv_reg_mr(c.v.pd, page, 4096, kLocalWrite) : nullptr;
+  ibv_mr* b = bytes ? ibv_reg_mr(c.v.pd, bytes + 512, 64, kLocalWrite) : nullptr;
   if (!a || !b) return 20;
   std::memset(page, 0, 4096);
   const ibv_sge two[2] = {{reinterpret_cast<uintptr_t>(page), 100, a->lkey},
@@ -540,7 +542,7 @@ TEST_F(DirectSend, AReceiveBufferDeregisteredAfterPostingIsNeverWritten) {
 TEST_F(DirectSend, AStagedReceiveBufferDeregisteredAfterPostingIsNeverWritten) {
   Connect();
   std::vector<uint8_t> bytes(512, 0xee);
-  ibv_mr* mr = ibv_reg_mr(v.pd, bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = ibv_reg_mr(v.pd, bytes.data(), bytes.size(), kLocalWrite);
   ASSERT_NE(mr, nullptr);
   // Enough WQEs that the QP makes its staging area (Qp::kStagingDemand) and publishes the first.
   for (uint64_t id = 5; id < 75; ++id)
