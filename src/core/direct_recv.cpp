@@ -137,6 +137,7 @@ RecvStaging* Qp::StagingLocked() {
   if (!staging_ && !staging_refused_ && ++staging_demand_ >= kStagingDemand) {
     staging_ = RecvStaging::Make(hca_.mrs(), pd_);
     staging_refused_ = !staging_;
+    if (staging_) hca_.NoteStaging(1);
   }
   return staging_.get();
 }

@@ -395,6 +395,7 @@ int Hca::AddDirectRecv(std::shared_ptr<Qp> qp, const std::atomic<uint32_t>* next
 }
 
 void Hca::RestageDirectRecvs() {
+  if (staging_qps_.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::shared_ptr<Qp>> qps;
   {
     std::lock_guard g(direct_mu_);  // not held into a QP's lock: it comes after them

@@ -112,6 +112,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   // buffers it held are taken back and published again only if they still resolve, so that a
   // SEND for them takes the long way and fails there, for the sender too, as on a NIC.
   void RestageDirectRecvs();
+  // QPs that made a staging area: deregistrations look at no QP while there are none.
+  void NoteStaging(int delta) { staging_qps_.fetch_add(delta, std::memory_order_relaxed); }
   // `index`: the WQE count the slot is done for (its state's upper half).
   void WatchDirectRecv(int watch, const std::atomic<uint32_t>* next_state, uint32_t index) {
     if (watch >= 0)
@@ -225,6 +227,7 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::atomic<uint64_t> watched_[kWatchedRecvQueues] = {};
   std::atomic<int> unwatched_{0};
   std::atomic<bool> refill_due_{false};
+  std::atomic<int> staging_qps_{0};
 };
 
 }  // namespace softrdma::core

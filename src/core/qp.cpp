@@ -558,7 +558,10 @@ void Qp::Shutdown() {
   ResumeWaitingLocked();
   PublishEndpointLocked();  // closed to direct access
   CloseDirectRecvLocked();
-  staging_.reset();             // the closed block's senders are done with it
+  if (staging_) {  // the closed block's senders are done with it
+    staging_.reset();
+    hca_.NoteStaging(-1);
+  }
   hca_.SecureQueuedPayloads();  // queued frames may borrow buffers freed after we return
   // Inbound frames already writing into this QP's buffers finish before the caller frees them.
   for (int i = 0; rx_active_ > 0 && i < 5000; ++i) {
