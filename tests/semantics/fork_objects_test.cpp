@@ -199,7 +199,9 @@ TEST(ForkDuringAMove, TheChildFindsTheBufferWritableAndItsForkHandlerDone) {
       bytes[kLen - 1] = 1;
       return 0;
     }));
-    int st = child.Wait(std::chrono::seconds(5));
+    // As long as the other fork tests wait: a stuck child never ends, and a loaded sanitizer run
+    // once took longer than 5 s (its fork handler copies the 32 MiB the parent registered).
+    int st = child.Wait(std::chrono::seconds(15));
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) ++stuck;
   }
   stop = true;
