@@ -320,6 +320,21 @@ void Qp::CloseDirectRecvLocked() {
   direct_watch_ = -1;
 }
 
+// A sender that took every WQE a polling owner published waits a moment for its refill (when it
+// reposts, or at its next poll): a sender faster than its receiver otherwise took a frame every
+// eighth message (rstream 64 B), and then waited for that frame's ACK. An owner with nothing more
+// to post costs kPostedWaitNs once.
+bool Qp::AwaitPosted(const DirectRecvSlot& s, uint32_t index) {
+  const int64_t until = link::NowNs() + kPostedWaitNs;
+  for (int i = 1;; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();  // the owner may be the other hyperthread of this core
+#endif
+    if (dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, index)) return true;
+    if (i % 16 == 0 && link::NowNs() > until) return false;
+  }
+}
+
 // Requester side: a SEND placed in the peer's receive buffers, or an RDMA WRITE with immediate
 // placed in the window it names, which takes a receive WQE as a SEND does and leaves its buffers
 // alone. Runs under the sender QP's lock.
@@ -338,7 +353,16 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   // Exclusive at once: the slot is read, then written (a read alone fetches a shared copy, and the
   // write then costs a second transfer).
   __builtin_prefetch(&s, 1);
-  if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
+  if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) {
+    // A sleeping owner refills when it wakes: frames then, one after the other, as ever.
+    const bool polls = av_.channel->PeerPolls();
+    const bool waited = awaited_wqe_ == t;  // the requester trying the WQE a post waited for
+    awaited_wqe_ = t;
+    if (!polls || waited || !AwaitPosted(s, t)) {
+      hold_for_direct_ = polls;  // see RunRequesterLocked
+      return false;
+    }
+  }
   uint8_t* dst[link::kDirectRecvSges];
   uint32_t cap[link::kDirectRecvSges];
   const bool rdma = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;

@@ -263,6 +263,7 @@ void Qp::ResetLocked() {
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
+  hold_for_direct_ = false;
   room_wait_until_ = 0;
   CloseDirectRecvLocked();
   if (rq_) rq_->Drain();
@@ -295,6 +296,7 @@ void Qp::EnterErrorLocked() {
   rd_outstanding_ = 0;
   retransmit_deadline_ = INT64_MAX;
   rnr_resume_at_ = 0;
+  hold_for_direct_ = false;
   room_wait_until_ = 0;
   ack_pending_ = false;
   ResumeWaitingLocked();

@@ -195,6 +195,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
 
   // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
   // local pieces (none for inline data).
+  static constexpr int64_t kPostedWaitNs = 10'000;
+  static bool AwaitPosted(const link::DirectRecvSlot& s, uint32_t index);
   bool TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                            const uint32_t* lens, uint32_t n);
   link::DirectRecvQueue* DirectRqLocked() const;
@@ -317,6 +319,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int retry_left_ = 0, rnr_left_ = 0;
   int64_t retransmit_deadline_ = INT64_MAX;
   int64_t rnr_resume_at_ = 0;  // non-zero while waiting out an RNR NAK
+  // A message went as a frame only because the same-host peer, which polls, had not published a
+  // receive WQE in time: what follows waits for its ACK instead of following it as frames.
+  bool hold_for_direct_ = false;
+  uint32_t awaited_wqe_ = ~0u;  // the peer's WQE count a sender last waited for (AwaitPosted)
   // UD: non-zero while the next datagram waits for room on its channel (Hca::AwaitRoom); at this
   // time it is tried again even if no room notice came.
   int64_t room_wait_until_ = 0;

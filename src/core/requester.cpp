@@ -227,6 +227,12 @@ void Qp::RunRequesterLocked() {
     if (Reliable()) {
       if ((w.send_flags & IBV_SEND_FENCE) && rd_outstanding_ > 0) return;
       if (rd && rd_outstanding_ >= std::max<uint32_t>(attr_.max_rd_atomic, 1)) return;
+      // Behind a frame in flight nothing goes direct (it would overtake the frame), so a stream
+      // that took a frame once, for want of a published receive WQE, kept taking frames as long
+      // as it kept coming (rstream 64 B on the shared-memory link: 3-23 us per message in most
+      // runs, against 0.9-1.5 direct). What follows such a frame waits for its ACK instead.
+      if (hold_for_direct_ && head_ != next_) return;
+      hold_for_direct_ = false;
       if (type_ == IBV_QPT_RC && TryDirectLocked(w)) {
         w.sent = w.done = true;
         w.status = IBV_WC_SUCCESS;

@@ -123,6 +123,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // that it collects the completion (a consumer that declared itself asleep sees the placement
   // first, or is woken).
   virtual void NudgeIfAsleep() {}
+  // Whether the peer's applications poll: it has not declared itself asleep, and we have not
+  // rung it lately (a ring clears that declaration while the peer is still waking).
+  virtual bool PeerPolls() const { return false; }
   // Datagram flow control. True when frames towards the peer are backlogged beyond
   // kDatagramBacklogBytes; the sink then hears OnChannelRoom once the backlog has fallen below it
   // (or the channel closed). An unreliable sender waits meanwhile, as a NIC's send queue waits for

@@ -363,6 +363,7 @@ bool ShmChannel::WriteHelloLocked() {
 }
 
 void ShmChannel::Ring(int fd) {
+  if (fd == doorbell_out_) rang_ns_.store(NowNs(), std::memory_order_relaxed);
   uint64_t one = 1;
   ssize_t r = sys::Write(fd, &one, sizeof one);
   (void)r;

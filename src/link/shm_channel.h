@@ -37,6 +37,10 @@ class ShmChannel final : public ServedChannel {
   void Abort() override { dead_ = true; }
   PeerWindows* direct() override { return peer_windows_.load(std::memory_order_acquire); }
   void NudgeIfAsleep() override;
+  bool PeerPolls() const override {
+    return tx_.ConsumerAwake() &&
+           NowNs() - rang_ns_.load(std::memory_order_relaxed) > kShmConsumerIdleNs;
+  }
 
   int fd() const { return sock_; }
   bool frames_are_cheap() const override { return true; }
@@ -108,6 +112,7 @@ class ShmChannel final : public ServedChannel {
   int sock_;
   int doorbell_in_ = -1;   // ours: rung when our inbound ring has data or our outbound has room
   int doorbell_out_ = -1;  // the peer's
+  std::atomic<int64_t> rang_ns_{0};  // when we last rang doorbell_out_ (PeerPolls)
   void* map_ = nullptr;
   size_t map_len_ = 0;
   Doorbell doorbell_{*this};

@@ -139,6 +139,8 @@ class ShmRingProducer {
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
     return true;
   }
+  // Whether the consumer has not declared itself asleep (a look, no store).
+  bool ConsumerAwake() const { return c_->consumer_asleep.load(std::memory_order_relaxed) == 0; }
   // True (once) when the consumer declared itself asleep: the caller rings. After a store the
   // consumer must see (a store-load fence orders them against its declaration).
   bool TakeSleeper() {

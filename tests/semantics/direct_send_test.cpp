@@ -601,6 +601,33 @@ TEST_F(DirectSend, AWqeTheResponderTookBackHoldsUpNoWithdrawal) {
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(150));
 }
 
+// A sender that takes every WQE the receiver published before the receiver looks again (it is
+// busy elsewhere, not asleep) waits a moment for the refill, then sends a frame and holds what
+// follows until that frame's ACK (Qp::hold_for_direct_): every message still arrives, whole and in
+// queue order, and the stream ends successfully.
+TEST_F(DirectSend, AStreamThatOutrunsThePublishedWqesArrivesWholeAndInOrder) {
+  constexpr uint32_t kCount = 200, kLen = 128;
+  QpOpts o;
+  o.max_recv_wr = kCount;
+  Connect(o);
+  for (uint32_t i = 0; i < kCount; ++i)
+    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(i * 256, kLen)}, i), 0);
+  Stream m{kCount, kLen};
+  ASSERT_TRUE(child.Send('m') && child.Send(m));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sender runs out meanwhile
+  std::vector<ibv_wc> wcs = PollN(q->rcq, kCount);
+  ASSERT_EQ(wcs.size(), kCount);
+  for (uint32_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(wcs[i].wr_id, i) << "completion " << i;
+    ASSERT_EQ(wcs[i].status, IBV_WC_SUCCESS) << "completion " << i;
+    ASSERT_EQ(wcs[i].byte_len, kLen) << "completion " << i;
+    ASSERT_TRUE(Holds(i * 256, kLen)) << "message " << i;
+  }
+  int st = -1;
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+}
+
 // A poll collects placed messages into the caller's array itself (Cq::PollDirectFeeds): never
 // more than it asked for, the rest in order at the next polls, with their own lengths.
 TEST_F(DirectSend, APollTakesNoMoreThanItAsksForAndTheRestFollowInOrder) {
