@@ -38,7 +38,7 @@ class ShmChannel final : public ServedChannel {
   PeerWindows* direct() override { return peer_windows_.load(std::memory_order_acquire); }
   void NudgeIfAsleep() override;
   bool PeerPolls() const override {
-    return tx_.ConsumerAwake() &&
+    return ready_.load(std::memory_order_acquire) && !closed() && tx_.ConsumerAwake() &&
            NowNs() - rang_ns_.load(std::memory_order_relaxed) > kShmConsumerIdleNs;
   }
 
