@@ -130,6 +130,7 @@ int Cq::AddDirectFeed(Qp* qp, uint64_t watch) {
       feeds_[i].qp = qp;
       feeds_[i].watch.store(watch, std::memory_order_relaxed);
       feed_count_.fetch_add(1, std::memory_order_relaxed);
+      UpdateFeedEndLocked();
       return i;
     }
   return -1;
@@ -141,11 +142,20 @@ void Cq::RemoveDirectFeed(int feed) {
   feeds_[feed].qp = nullptr;
   feeds_[feed].watch.store(0, std::memory_order_relaxed);
   feed_count_.fetch_sub(1, std::memory_order_relaxed);
+  UpdateFeedEndLocked();
+}
+
+void Cq::UpdateFeedEndLocked() {
+  int end = kDirectFeeds;
+  while (end > 0 && !feeds_[end - 1].qp) --end;
+  feed_end_.store(end, std::memory_order_relaxed);
 }
 
 bool Cq::DirectFeedReady() const {
-  for (const DirectFeed& f : feeds_)
-    if (link::direct_recv::WatchSeesDone(f.watch.load(std::memory_order_relaxed))) return true;
+  const int end = feed_end_.load(std::memory_order_relaxed);
+  for (int i = 0; i < end; ++i)
+    if (link::direct_recv::WatchSeesDone(feeds_[i].watch.load(std::memory_order_relaxed)))
+      return true;
   return false;
 }
 
@@ -157,8 +167,9 @@ int Cq::PollDirectFeeds(int n, ibv_wc* out) {
   std::lock_guard g(mu_);
   if (count_ != 0 || armed_ != kDisarmed || timestamps_ || overflowed_) return 0;
   int got = 0;
-  for (DirectFeed& f : feeds_)
-    if (f.qp && got < n) got += f.qp->TryCollectDirectRecvsInto(out + got, n - got);
+  const int end = feed_end_.load(std::memory_order_relaxed);
+  for (int i = 0; i < end && got < n; ++i)
+    if (Qp* qp = feeds_[i].qp) got += qp->TryCollectDirectRecvsInto(out + got, n - got);
   return got;
 }
 

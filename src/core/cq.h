@@ -97,6 +97,10 @@ class Cq {
   };
   DirectFeed feeds_[kDirectFeeds];
   std::atomic<int> feed_count_{0};
+  // One past the last feed in use (under mu_; read without it): a poll looks at no more (every
+  // look of a busy poller otherwise went through all kDirectFeeds).
+  std::atomic<int> feed_end_{0};
+  void UpdateFeedEndLocked();
   // A poll of this CQ runs the HCA's work and takes completions for it directly (cq.cpp,
   // PollTarget). Only a hint for Push: with two such polls at once, one may clear it while the
   // other runs, whose completions then go through the ring.

@@ -120,14 +120,14 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
   if (type_ != IBV_QPT_RC || state_ != IBV_QPS_RTS || head_ != tail_ || rnr_resume_at_ != 0 ||
       repath_pending_ || !av_.channel || !(peer = av_.channel->direct()))
     return false;
+  if (wr.opcode == IBV_WR_SEND || wr.opcode == IBV_WR_SEND_WITH_IMM)
+    return TryPostDirectSendLocked(wr, peer);
   switch (wr.opcode) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
       break;
     default:
       return false;

@@ -35,10 +35,6 @@ DirectRecvSlot& SlotOf(DirectRecvQueue* q, uint32_t index) {
 
 // Owner side. Every function here runs under the QP's lock.
 
-link::DirectRecvQueue* Qp::DirectRqLocked() const {
-  return direct_rq_ && link::SharedWindows::Get().Owns(direct_rq_) ? direct_rq_ : nullptr;
-}
-
 void Qp::OpenDirectRecvLocked() {
   if (direct_rq_ || direct_rq_refused_ || type_ != IBV_QPT_RC || !rq_ || shut_down_) return;
   if (state_ != IBV_QPS_RTR && state_ != IBV_QPS_RTS) return;
@@ -59,10 +55,8 @@ void Qp::OpenDirectRecvLocked() {
 
 // Publishes the WQEs after those already published, while they fit and can be reached directly:
 // at most kDirectRecvSges pieces, each in a region that is shared and writable locally.
-void Qp::RefillDirectRecvLocked(bool idle) {
+void Qp::RefillDirectRecvMoreLocked(bool idle) {
   DirectRecvQueue* q = DirectRqLocked();
-  // Refilled when half is taken, not per WQE: the slots' lines then move to the peer once for
-  // several messages.
   const uint32_t published = direct_posted_ - direct_collected_;
   if (q && published > kDirectRecvSlots / 2) return;
   const uint32_t queued = rq_->size();
@@ -335,6 +329,62 @@ bool Qp::AwaitPosted(const DirectRecvSlot& s, uint32_t index) {
   }
 }
 
+// ibv_post_send's own way for a SEND to a same-host peer, the message of every request-response
+// exchange: the checks of ValidateWr and TryDirectLocked that a SEND needs, without a second
+// dispatch on the opcode or the generic work request copy. Anything it refuses takes the general
+// way, which reports it. Runs under the QP's lock, the send queue empty, the QP in RTS.
+bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
+  if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cap_.max_send_sge ||
+      (wr.num_sge > 0 && !wr.sg_list))
+    return false;
+  SendWqe w;
+  w.wr_id = wr.wr_id;
+  w.opcode = wr.opcode;
+  w.send_flags = wr.send_flags;
+  w.imm_or_rkey = wr.imm_data;
+  uint8_t* local[kMaxSge];
+  uint32_t lens[kMaxSge];
+  uint32_t n = 0;
+  uint64_t length = 0;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    for (int i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
+    if (length > cap_.max_inline_data) return false;
+    // Into the inline slot of the WQE this one would have been (unused: the queue is empty).
+    w.inline_buf = SqAt(tail_).inline_buf;
+    uint32_t at = 0;
+    for (int i = 0; i < wr.num_sge; ++i) {
+      const ibv_sge& g = wr.sg_list[i];
+      if (g.length == 0) continue;  // no buffer at all when max_inline_data is 0
+      std::memcpy(w.inline_buf + at, reinterpret_cast<const void*>(g.addr), g.length);
+      at += g.length;
+    }
+    w.num_sge = 0;
+  } else {
+    const MrTable& mrs = hca_.mrs();
+    for (int i = 0; i < wr.num_sge; ++i) {
+      const ibv_sge& g = wr.sg_list[i];
+      length += g.length;
+      if (g.length == 0) continue;
+      local[n] = mrs.ResolveLocalCached(g.lkey, pd_, g.addr, g.length, 0, mr_cache_);
+      if (!local[n]) {
+        KeyCheck why;
+        local[n] =
+            mrs.Resolve(g.lkey, pd_, g.addr, g.length, 0, true, &why, 0, nullptr, &mr_cache_);
+        if (!local[n]) return false;  // LOC_PROT_ERR, by the long way
+      }
+      lens[n++] = g.length;
+    }
+    w.sge = wr.sg_list;
+    w.num_sge = static_cast<uint32_t>(wr.num_sge);
+  }
+  if (length == 0 || length > kMaxMsgSize) return false;
+  w.length = static_cast<uint32_t>(length);
+  if (!TryDirectSendLocked(w, peer, local, lens, n)) return false;
+  w.status = IBV_WC_SUCCESS;
+  PushSendCompletionLocked(w);
+  return true;
+}
+
 // Requester side: a SEND placed in the peer's receive buffers, or an RDMA WRITE with immediate
 // placed in the window it names, which takes a receive WQE as a SEND does and leaves its buffers
 // alone. Runs under the sender QP's lock.
@@ -365,8 +415,10 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   }
   uint8_t* dst[link::kDirectRecvSges];
   uint32_t cap[link::kDirectRecvSges];
+  uint32_t pieces = 0;
   const bool rdma = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
   if (rdma) {
+    pieces = 1;
     // Checked like a WRITE's window, and kept by the seal like the receive buffers below.
     cap[0] = w.length;
     dst[0] = w.length ? peer->Reach(w.rkey, dqpn, w.remote_addr, w.length, IBV_ACCESS_REMOTE_WRITE)
@@ -378,10 +430,11 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     const uint32_t nsge = s.num_sge;
     if (nsge > link::kDirectRecvSges) return false;
     std::memcpy(sge, s.sge, sizeof sge);
-    uint32_t left = w.length, pieces = 0;
+    uint32_t left = w.length;
     for (uint32_t i = 0; i < nsge && left > 0; ++i) {
       cap[pieces] = sge[i].len < left ? sge[i].len : left;
-      dst[pieces] = peer->Reach(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight);
+      dst[pieces] = peer->Reach(sge[i].key, dqpn, sge[i].addr, cap[pieces], link::kRecvRight,
+                                &recv_window_memo_);
       if (!dst[pieces]) return false;  // the responder reports it (LOC_PROT_ERR there)
       left -= cap[pieces++];
     }
@@ -408,7 +461,9 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     }
   };
   if (w.length > 0) {
-    if (w.num_sge == 0) {
+    if (pieces == 1 && (w.num_sge == 0 || n == 1)) {
+      link::PlaceBytes(dst[0], w.num_sge == 0 ? w.inline_buf : local[0], w.length);  // most SENDs
+    } else if (w.num_sge == 0) {
       put(w.inline_buf, w.length);
     } else {
       for (uint32_t i = 0; i < n; ++i) put(local[i], lens[i]);

@@ -715,8 +715,7 @@ bool Qp::WaitForReceiveLocked(link::Channel& ch) {
   return true;
 }
 
-void Qp::ResumeWaitingLocked() {
-  if (waiting_channels_.empty()) return;
+void Qp::ResumeWaitingChannelsLocked() {
   std::vector<std::weak_ptr<link::Channel>> waiting;
   waiting.swap(waiting_channels_);
   for (const auto& w : waiting)

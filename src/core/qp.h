@@ -190,6 +190,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // A work request posted to an empty send queue and done so at once, without entering the queue;
   // false: it enters the queue as ever.
   bool TryPostDirectLocked(const ibv_send_wr& wr);
+  bool TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // The same for a lone atomic whose local piece the MR cache answers: no WQE is made of it.
   bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
 
@@ -199,11 +200,20 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   static bool AwaitPosted(const link::DirectRecvSlot& s, uint32_t index);
   bool TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                            const uint32_t* lens, uint32_t n);
-  link::DirectRecvQueue* DirectRqLocked() const;
+  // Inline, as the refill's common answer and ResumeWaitingLocked's: each direct message passes
+  // them several times (together ~100 instructions of a ~1,000-instruction round of ib_send_lat).
+  link::DirectRecvQueue* DirectRqLocked() const {
+    return direct_rq_ && link::SharedWindows::Get().Owns(direct_rq_) ? direct_rq_ : nullptr;
+  }
   void OpenDirectRecvLocked();
   // `idle`: the application is not waiting for this call (else only a low queue is refilled now,
-  // the rest at the next empty poll: Hca::RefillDirectRecvs).
-  void RefillDirectRecvLocked(bool idle);
+  // the rest at the next empty poll: Hca::RefillDirectRecvs). Refilled when half is taken, not per
+  // WQE: the slots' lines then move to the peer once for several messages.
+  void RefillDirectRecvLocked(bool idle) {
+    if (direct_posted_ - direct_collected_ > link::kDirectRecvSlots / 2 && DirectRqLocked()) return;
+    RefillDirectRecvMoreLocked(idle);
+  }
+  void RefillDirectRecvMoreLocked(bool idle);
   void SetRefillDueLocked(bool due);
   void CollectDirectRecvsLocked();
   int CollectFromLocked(link::DirectRecvQueue* q, ibv_wc* out = nullptr, int room = 0);
@@ -285,6 +295,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   link::FastMutex mu_;
   MrTable::Cache mr_cache_;              // under mu_: the local keys of the direct paths
   link::PeerWindows::Memo window_memo_;  // under mu_: the peer's window the direct path used last
+  link::PeerWindows::Memo recv_window_memo_;  // under mu_: the same, for direct SENDs' buffers
   // A shared XRC target: its record in the domain's table (null otherwise).
   // Set once the QP is in the HCA's table and read per inbound frame without mu_.
   std::atomic<TargetTable*> target_table_{nullptr};
@@ -379,7 +390,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // meets a full ring instead of losing what the receiver would take a moment later, as a socket
   // buffer holds datagrams for its reader.
   bool WaitForReceiveLocked(link::Channel& ch);
-  void ResumeWaitingLocked();
+  void ResumeWaitingLocked() {
+    if (!waiting_channels_.empty()) ResumeWaitingChannelsLocked();
+  }
+  void ResumeWaitingChannelsLocked();
   uint32_t rq_psn_ = 0;
   uint32_t msn_ = 0;
   bool rnr_nak_outstanding_ = false;

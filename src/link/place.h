@@ -29,7 +29,7 @@ inline void OrderStores() {
 #endif
 }
 
-inline void PlaceBytes(void* dst, const void* src, size_t n) {
+inline void PlaceBytesWide(void* dst, const void* src, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   size_t i = n > kPlaceTailBytes ? n - kPlaceTailBytes : 0;
@@ -45,6 +45,18 @@ inline void PlaceBytes(void* dst, const void* src, size_t n) {
     *reinterpret_cast<volatile uint64_t*>(d + i) = w;
   }
   for (; i < n; ++i) vd[i] = s[i];
+}
+
+// Fewer than eight bytes go one byte store each whatever their alignment, as PlaceBytesWide would
+// store them; the test is kept small enough to inline, where the request-response messages are.
+inline void PlaceBytes(void* dst, const void* src, size_t n) {
+  if (n < 8) {
+    volatile uint8_t* vd = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    for (size_t i = 0; i < n; ++i) vd[i] = s[i];
+    return;
+  }
+  PlaceBytesWide(dst, src, n);
 }
 
 }  // namespace softrdma::link

@@ -38,11 +38,6 @@ uint32_t Hash(uint32_t key) {
 
 }  // namespace
 
-SharedWindows& SharedWindows::Get() {
-  static SharedWindows* instance = new SharedWindows();  // peers may map it until we exit
-  return *instance;
-}
-
 bool SharedWindows::EnsureLocked() {
   if (TableLocked()) return true;
   int fd = memfd_create("softrdma-windows", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -292,11 +287,13 @@ uint8_t* PeerWindows::EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t ad
   return p;
 }
 
-uint8_t* PeerWindows::Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
-                            uint32_t rights) {
+uint8_t* PeerWindows::ReachByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                                    uint32_t rights, Memo* memo) {
   uint32_t domain;
   WindowEntry* e = Find(key, endpoint, len, rights, &domain);
-  return e ? Check(*e, key, domain, addr, len, rights) : nullptr;
+  uint8_t* p = e ? Check(*e, key, domain, addr, len, rights, memo) : nullptr;
+  if (p && memo) memo->endpoint = endpoint;
+  return p;
 }
 
 }  // namespace softrdma::link

@@ -154,7 +154,12 @@ struct WindowTable {
 // This process's table (owner side).
 class SharedWindows {
  public:
-  static SharedWindows& Get();
+  // Inline: the direct paths ask for it several times per message (an out-of-line call with its
+  // guard was a fifth of a direct receive's bookkeeping).
+  static SharedWindows& Get() {
+    static SharedWindows* instance = new SharedWindows();  // peers may map it until we exit
+    return *instance;
+  }
   // The table's descriptor (read-write: peers count themselves in), -1 if it could not be made.
   int fd();
   // The part of [addr, addr+len) a window of it covers, which peers reach directly: all of it, or
@@ -257,7 +262,16 @@ class PeerWindows {
   }
   // The same checks, counting nothing: for a SEND's pieces, checked after OpenRecvQueue and
   // written only once a WQE was taken from what it returned (a withdrawal seals the queue).
-  uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights);
+  uint8_t* Reach(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len, uint32_t rights,
+                 Memo* memo = nullptr) {
+    if (memo && memo->entry && MemoCovers(*memo, key, endpoint, addr, len, rights)) {
+      const WindowEntry& e = *memo->entry;
+      if (e.key.load(std::memory_order_seq_cst) == key &&
+          e.publication.load(std::memory_order_relaxed) == memo->publication)
+        return arena_ + memo->arena_offset + (addr - memo->base);
+    }
+    return ReachByLookup(key, endpoint, addr, len, rights, memo);
+  }
   static void Leave(WindowEntry* w) { w->users.fetch_sub(1, std::memory_order_release); }
 
   // The receive queue of endpoint `endpoint` when the endpoint is open to direct SENDs (nullptr
@@ -280,19 +294,26 @@ class PeerWindows {
   // Enter through the table (Find, then Check), filling `memo` when given.
   uint8_t* EnterByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
                          uint32_t rights, WindowEntry** w, Memo* memo);
-  // Enter by `memo`: nullptr when it does not hold (then nothing is counted).
-  uint8_t* EnterByMemo(const Memo& m, uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
-                       uint32_t rights) {
+  uint8_t* ReachByLookup(uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                         uint32_t rights, Memo* memo);
+  // Whether what `m` remembers answers this access, as far as the memo and the endpoint tell:
+  // the entry's key and publication are the caller's to check.
+  bool MemoCovers(const Memo& m, uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                  uint32_t rights) const {
     if (len == 0 || m.peer != id_ || m.key != key || m.endpoint != endpoint ||
         (m.rights & rights) != rights || addr < m.base || addr - m.base > m.len ||
         len > m.len - (addr - m.base) ||
         m.arena_offset + (addr - m.base) + len > arena_size_.load(std::memory_order_relaxed))
-      return nullptr;
+      return false;
     // The endpoint is checked every time, as Find does: the peer closes it when its QP leaves RTS.
     const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
-    if ((ep.rights.load(std::memory_order_acquire) & rights) != rights ||
-        ep.id.load(std::memory_order_relaxed) != endpoint || ep.domain != m.domain)
-      return nullptr;
+    return (ep.rights.load(std::memory_order_acquire) & rights) == rights &&
+           ep.id.load(std::memory_order_relaxed) == endpoint && ep.domain == m.domain;
+  }
+  // Enter by `memo`: nullptr when it does not hold (then nothing is counted).
+  uint8_t* EnterByMemo(const Memo& m, uint32_t key, uint32_t endpoint, uint64_t addr, uint64_t len,
+                       uint32_t rights) {
+    if (!MemoCovers(m, key, endpoint, addr, len, rights)) return nullptr;
     WindowEntry& e = *m.entry;
     e.users.fetch_add(1, std::memory_order_seq_cst);
     // Counted in first, then checked, as Enter: the same key and publication is the same window.
