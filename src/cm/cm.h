@@ -132,6 +132,7 @@ struct CmId {
   ibv_ece local_ece{}, remote_ece{};
 
   std::unique_ptr<Req> pending_req;  // connecting: the REQ until its listener is found
+  std::unique_ptr<Req> sent_req;     // connecting: the REQ sent, again if no listener had it yet
   uint64_t listener_deadline_ns = 0;
 
   TimerKind timer = TimerKind::kNone;
