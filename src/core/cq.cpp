@@ -80,7 +80,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
 }
 
 int Cq::Poll(int n, ibv_wc* out) {
-  if (n > 0 && feed_count_.load(std::memory_order_relaxed) > 0) {
+  if (n > 0 && feed_end_.load(std::memory_order_relaxed) > 0) {
     if (DirectFeedReady()) {
       if (int got = PollDirectFeeds(n, out); got > 0) {
         ctx_.hca().PollerActive();
@@ -129,7 +129,6 @@ int Cq::AddDirectFeed(Qp* qp, uint64_t watch) {
     if (!feeds_[i].qp) {
       feeds_[i].qp = qp;
       feeds_[i].watch.store(watch, std::memory_order_relaxed);
-      feed_count_.fetch_add(1, std::memory_order_relaxed);
       UpdateFeedEndLocked();
       return i;
     }
@@ -141,7 +140,6 @@ void Cq::RemoveDirectFeed(int feed) {
   std::lock_guard g(mu_);  // a poll uses the QP under it only
   feeds_[feed].qp = nullptr;
   feeds_[feed].watch.store(0, std::memory_order_relaxed);
-  feed_count_.fetch_sub(1, std::memory_order_relaxed);
   UpdateFeedEndLocked();
 }
 

@@ -96,9 +96,8 @@ class Cq {
     std::atomic<uint64_t> watch{0};  // link::direct_recv::Watch, read without a lock
   };
   DirectFeed feeds_[kDirectFeeds];
-  std::atomic<int> feed_count_{0};
-  // One past the last feed in use (under mu_; read without it): a poll looks at no more (every
-  // look of a busy poller otherwise went through all kDirectFeeds).
+  // One past the last feed in use (under mu_; read without it), 0 when none: a poll looks at no
+  // more (every look of a busy poller otherwise went through all kDirectFeeds).
   std::atomic<int> feed_end_{0};
   void UpdateFeedEndLocked();
   // A poll of this CQ runs the HCA's work and takes completions for it directly (cq.cpp,

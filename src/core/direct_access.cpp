@@ -33,6 +33,16 @@ bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap
 
 }  // namespace
 
+// A local piece of a direct operation: the host address of `s`, or nullptr when its key does not
+// grant `access` there (the long way then reports it, as LOC_PROT_ERR).
+uint8_t* Qp::ResolveLocalPieceLocked(const ibv_sge& s, int access) {
+  const MrTable& mrs = hca_.mrs();
+  if (uint8_t* p = mrs.ResolveLocalCached(s.lkey, pd_, s.addr, s.length, access, mr_cache_))
+    return p;
+  KeyCheck why;
+  return mrs.Resolve(s.lkey, pd_, s.addr, s.length, access, true, &why, 0, nullptr, &mr_cache_);
+}
+
 bool Qp::TryDirectLocked(SendWqe& w) {
   uint32_t right;
   int local_access = IBV_ACCESS_LOCAL_WRITE;
@@ -77,14 +87,7 @@ bool Qp::TryDirectLocked(SendWqe& w) {
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     const ibv_sge& s = w.sge[i];
     if (s.length == 0) continue;
-    const MrTable& mrs = hca_.mrs();
-    local[n] = mrs.ResolveLocalCached(s.lkey, pd_, s.addr, s.length, local_access, mr_cache_);
-    if (!local[n]) {
-      KeyCheck why;
-      local[n] = mrs.Resolve(s.lkey, pd_, s.addr, s.length, local_access, true, &why, 0, nullptr,
-                             &mr_cache_);
-      if (!local[n]) return false;
-    }
+    if (!(local[n] = ResolveLocalPieceLocked(s, local_access))) return false;
     lens[n++] = s.length;
   }
   if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);

@@ -360,18 +360,11 @@ bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
     }
     w.num_sge = 0;
   } else {
-    const MrTable& mrs = hca_.mrs();
     for (int i = 0; i < wr.num_sge; ++i) {
       const ibv_sge& g = wr.sg_list[i];
       length += g.length;
       if (g.length == 0) continue;
-      local[n] = mrs.ResolveLocalCached(g.lkey, pd_, g.addr, g.length, 0, mr_cache_);
-      if (!local[n]) {
-        KeyCheck why;
-        local[n] =
-            mrs.Resolve(g.lkey, pd_, g.addr, g.length, 0, true, &why, 0, nullptr, &mr_cache_);
-        if (!local[n]) return false;  // LOC_PROT_ERR, by the long way
-      }
+      if (!(local[n] = ResolveLocalPieceLocked(g, 0))) return false;
       lens[n++] = g.length;
     }
     w.sge = wr.sg_list;
