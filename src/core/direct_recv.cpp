@@ -17,6 +17,7 @@
 #include "core/recv_staging.h"
 #include "link/place.h"
 #include "link/shared_windows.h"
+#include "link/spin_pause.h"
 
 namespace softrdma::core {
 namespace {
@@ -321,9 +322,7 @@ void Qp::CloseDirectRecvLocked() {
 bool Qp::AwaitPosted(const DirectRecvSlot& s, uint32_t index) {
   const int64_t until = link::NowNs() + kPostedWaitNs;
   for (int i = 1;; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();  // the owner may be the other hyperthread of this core
-#endif
+    link::SpinPause();
     if (dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, index)) return true;
     if (i % 16 == 0 && link::NowNs() > until) return false;
   }
