@@ -1,6 +1,6 @@
 // The pause of a thread that spins on memory another thread will write. When the other thread
-// runs on the sibling hyperthread of the same core (this 2-vCPU VM places its vCPUs so about
-// half of the time), a spinning loop without it takes issue slots from the thread it waits for.
+// runs on the sibling hyperthread of the same core (a VM's two vCPUs may be placed so), a
+// spinning loop without it takes issue slots from the very thread it waits for.
 #pragma once
 
 namespace softrdma::link {
