@@ -158,12 +158,7 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
     // Gathered into the inline slot of the WQE this one would have been (unused: the queue is
     // empty).
     w.inline_buf = SqAt(tail_).inline_buf;
-    for (int i = 0; i < wr.num_sge; ++i) {
-      const ibv_sge& s = wr.sg_list[i];
-      if (s.length == 0) continue;  // no buffer at all when max_inline_data is 0
-      std::memcpy(w.inline_buf + w.length, reinterpret_cast<const void*>(s.addr), s.length);
-      w.length += s.length;
-    }
+    w.length = GatherInline(wr, w.inline_buf);
     w.num_sge = 0;
   } else {
     w.sge = wr.sg_list;

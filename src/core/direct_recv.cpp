@@ -350,13 +350,7 @@ bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
     if (length > cap_.max_inline_data) return false;
     // Into the inline slot of the WQE this one would have been (unused: the queue is empty).
     w.inline_buf = SqAt(tail_).inline_buf;
-    uint32_t at = 0;
-    for (int i = 0; i < wr.num_sge; ++i) {
-      const ibv_sge& g = wr.sg_list[i];
-      if (g.length == 0) continue;  // no buffer at all when max_inline_data is 0
-      std::memcpy(w.inline_buf + at, reinterpret_cast<const void*>(g.addr), g.length);
-      at += g.length;
-    }
+    GatherInline(wr, w.inline_buf);
     w.num_sge = 0;
   } else {
     for (int i = 0; i < wr.num_sge; ++i) {

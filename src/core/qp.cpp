@@ -461,11 +461,7 @@ int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batc
       w.num_sge = 0;  // no payload, whatever the list says
     } else if (wr->send_flags & IBV_SEND_INLINE) {
       // Inline data is copied now: the caller may reuse its buffers as soon as we return.
-      for (int i = 0; i < wr->num_sge; ++i) {
-        const ibv_sge& s = wr->sg_list[i];
-        std::memcpy(w.inline_buf + w.length, reinterpret_cast<const void*>(s.addr), s.length);
-        w.length += s.length;
-      }
+      w.length = GatherInline(*wr, w.inline_buf);
       w.num_sge = 0;
     } else {
       w.num_sge = static_cast<uint32_t>(wr->num_sge);

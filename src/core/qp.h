@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -194,6 +195,19 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // The same for a lone atomic whose local piece the MR cache answers: no WQE is made of it.
   bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
+  // Copies an inline work request's pieces into `into` (their total checked against
+  // max_inline_data by the caller) and returns their length. Empty pieces are skipped: they may
+  // have no buffer at all, and a QP without inline room has no `into`.
+  static uint32_t GatherInline(const ibv_send_wr& wr, uint8_t* into) {
+    uint32_t at = 0;
+    for (int i = 0; i < wr.num_sge; ++i) {
+      const ibv_sge& g = wr.sg_list[i];
+      if (g.length == 0) continue;
+      std::memcpy(into + at, reinterpret_cast<const void*>(g.addr), g.length);
+      at += g.length;
+    }
+    return at;
+  }
 
   // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
   // local pieces (none for inline data).

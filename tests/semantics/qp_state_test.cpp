@@ -471,6 +471,30 @@ TEST_F(QpPosting, InlineSendCopiesTheDataAtPostTime) {
   for (int i = 0; i < 48; ++i) EXPECT_EQ(rbuf->data()[i], i + 100) << i;
 }
 
+// An inline SEND of nothing, as pieces without any buffer (address 0), on a QP created without
+// inline room: a valid empty message. The queue's path copied each piece with memcpy, from and
+// to null pointers (UBSan: "null pointer passed as argument"); the direct paths skipped them.
+TEST_F(QpPosting, AnInlineSendOfEmptyPiecesWithoutInlineRoomArrivesEmpty) {
+  QpOpts o;
+  o.max_inline = 0;
+  Qp *a, *b;
+  Pair(o, &a, &b);
+  Buffer* rbuf = Buf(64);
+  ASSERT_EQ(PostRecv(b->qp, *rbuf, 0, 64, 1), 0);
+  SendArgs s;
+  s.wr_id = 3;
+  s.flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  s.sges = {ibv_sge{0, 0, 0}, ibv_sge{0, 0, 0}};
+  ASSERT_EQ(Post(a->qp, s), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  EXPECT_EQ(wc.wr_id, 3u);
+  ASSERT_TRUE(PollOne(b->rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  EXPECT_EQ(wc.byte_len, 0u);
+}
+
 // SQD: the send queue drains (IBV_EVENT_SQ_DRAINED when asked for), WRs posted meanwhile are
 // accepted but wait, and start when the QP returns to RTS.
 TEST_F(QpPosting, SqdHoldsNewSendsUntilBackInRts) {
