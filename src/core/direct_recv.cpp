@@ -32,6 +32,17 @@ DirectRecvSlot& SlotOf(DirectRecvQueue* q, uint32_t index) {
   return q->slots[index % kDirectRecvSlots];
 }
 
+// memcpy, without its call and size dispatch for what fits a slot (kInSlotBytes): on the path of
+// every small message, twice, where they cost more than the copy.
+void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
+  if (n > dr::kInSlotBytes) {
+    std::memcpy(to, from, n);
+    return;
+  }
+  for (; n >= 8; n -= 8, to += 8, from += 8) std::memcpy(to, from, 8);
+  for (; n > 0; --n) *to++ = *from++;
+}
+
 }  // namespace
 
 // Owner side. Every function here runs under the QP's lock.
@@ -79,22 +90,26 @@ void Qp::RefillDirectRecvMoreLocked(bool idle) {
     const RecvWqe* w = rq_->At(direct_posted_ - direct_collected_);
     if (w->num_sge > link::kDirectRecvSges) break;
     DirectRecvSlot& s = SlotOf(q, direct_posted_);
+    PublishedPiece& piece = published_[direct_posted_ % kDirectRecvSlots];
+    piece.generation = hca_.mrs().generation();  // before the lookups it vouches for
     uint32_t n = 0;
     uint64_t total = 0;
     bool reachable = true;
     for (uint32_t i = 0; i < w->num_sge; ++i) {
       const ibv_sge& g = w->sge[i];
       if (g.length == 0) continue;
-      KeyCheck why;
       uint64_t iova;
-      if (!hca_.mrs().Resolve(g.lkey, pd_, g.addr, g.length, IBV_ACCESS_LOCAL_WRITE, true, &why, 0,
-                              &iova, &mr_cache_))
-        break;  // the responder reports it (LOC_PROT_ERR), by frames
-      reachable = reachable && hca_.mrs().Reachable(g.lkey, g.addr, g.length, &mr_cache_);
+      bool reach;
+      piece.host =
+          hca_.mrs().ResolveRecvPiece(g.lkey, pd_, g.addr, g.length, &iova, &reach, &mr_cache_);
+      if (!piece.host) break;  // the responder reports it (LOC_PROT_ERR), by frames
+      piece.length = g.length;
+      reachable = reachable && reach;
       s.sge[n++] = link::DirectRecvSge{iova, g.lkey, g.length};
       total += g.length;
     }
     if (n != NonEmptySges(*w)) break;
+    if (n != 1) piece.host = nullptr;
     const uint32_t bit = 1u << (direct_posted_ % kDirectRecvSlots);
     staged_ &= ~bit;
     if (!reachable) {
@@ -104,6 +119,7 @@ void Qp::RefillDirectRecvMoreLocked(bool idle) {
                                      static_cast<uint32_t>(total)};
       n = 1;
       staged_ |= bit;
+      piece.host = nullptr;
     }
     s.num_sge = n;
     // After the scatter list: a sender that sees the state reads the list it names.
@@ -143,22 +159,23 @@ void Qp::RestageDirectRecvs() {
   RefillDirectRecvLocked(true);
 }
 
+// Copies a message the sender left in a staging slot or in its receive slot into `w`'s buffers.
 // False when a buffer of `w` is gone: a region deregistered while a sender was placing into its
 // staging slot (RestageDirectRecvs takes back the WQEs no sender holds) completes with LOC_PROT_ERR
 // as on frames, only without moving the QP to the error state (the sender has completed already).
-// The peer's byte_len is bounded by the WQE and the slot: a hostile one gets no byte outside them.
-bool Qp::UnstageLocked(uint32_t index, const RecvWqe& w, uint32_t byte_len) {
-  const uint8_t* from = staging_->SlotBytes(index);
-  uint32_t left = byte_len < RecvStaging::kSlotBytes ? byte_len : RecvStaging::kSlotBytes;
+// The peer's byte_len is bounded by the WQE and `room`: a hostile one gets no byte outside them.
+bool Qp::CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
+                           uint32_t byte_len) {
+  uint32_t left = byte_len < room ? byte_len : room;
   for (uint32_t i = 0; i < w.num_sge && left > 0; ++i) {
     const ibv_sge& g = w.sge[i];
     if (g.length == 0) continue;
     const uint32_t c = g.length < left ? g.length : left;
-    KeyCheck why;
-    uint8_t* to = hca_.mrs().Resolve(g.lkey, pd_, g.addr, c, IBV_ACCESS_LOCAL_WRITE, true, &why, 0,
-                                     nullptr, &mr_cache_);
+    uint8_t* to =
+        hca_.mrs().ResolveLocalCached(g.lkey, pd_, g.addr, c, IBV_ACCESS_LOCAL_WRITE, mr_cache_);
+    if (!to) to = ResolveLocalPieceLocked(ibv_sge{g.addr, c, g.lkey}, IBV_ACCESS_LOCAL_WRITE);
     if (!to) return false;
-    std::memcpy(to, from, c);
+    CopyBytes(to, from, c);
     from += c;
     left -= c;
   }
@@ -198,9 +215,19 @@ int Qp::CollectFromLocked(DirectRecvQueue* q, ibv_wc* out, int room) {
     const uint32_t flags = (st >> 8) & 0xff;
     ibv_wc wc{};
     wc.status = IBV_WC_SUCCESS;
-    if ((staged_ >> (direct_collected_ % kDirectRecvSlots) & 1) && !(flags & dr::kRdma) &&
-        !UnstageLocked(direct_collected_, *w, s.byte_len))
+    if (flags & dr::kInSlot) {
+      const auto* from = reinterpret_cast<const uint8_t*>(s.sge);
+      const PublishedPiece& piece = published_[direct_collected_ % kDirectRecvSlots];
+      const uint32_t len = s.byte_len < dr::kInSlotBytes ? s.byte_len : dr::kInSlotBytes;
+      if (piece.host && len <= piece.length && piece.generation == hca_.mrs().generation())
+        CopyBytes(piece.host, from, len);
+      else if (!CopyIntoWqeLocked(from, dr::kInSlotBytes, *w, s.byte_len))
+        wc.status = IBV_WC_LOC_PROT_ERR;
+    } else if ((staged_ >> (direct_collected_ % kDirectRecvSlots) & 1) && !(flags & dr::kRdma) &&
+               !CopyIntoWqeLocked(staging_->SlotBytes(direct_collected_), RecvStaging::kSlotBytes,
+                                  *w, s.byte_len)) {
       wc.status = IBV_WC_LOC_PROT_ERR;
+    }
     wc.wr_id = w->wr_id;
     rq_->DropFront();
     ++direct_collected_;
@@ -403,6 +430,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   uint32_t cap[link::kDirectRecvSges];
   uint32_t pieces = 0;
   const bool rdma = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  bool in_slot = false;
   if (rdma) {
     pieces = 1;
     // Checked like a WRITE's window, and kept by the seal like the receive buffers below.
@@ -425,6 +453,9 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
       left -= cap[pieces++];
     }
     if (left > 0) return false;  // too small: LOC_LEN_ERR by the long way
+    // Checked as if placed in the buffers (a window withdrawn at a deregistration fails it here),
+    // but the owner copies it there (CollectFromLocked).
+    in_slot = w.length <= dr::kInSlotBytes;
   }
   uint64_t expected = taken;
   if (!q->taken.compare_exchange_strong(expected, dr::WithCount(taken, t + 1),
@@ -446,7 +477,15 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
       }
     }
   };
-  if (w.length > 0) {
+  if (in_slot) {
+    // Over the scatter list, which the owner no longer reads: the slot is taken.
+    auto* into = reinterpret_cast<uint8_t*>(s.sge);
+    if (w.num_sge == 0) {
+      CopyBytes(into, w.inline_buf, w.length);
+    } else {
+      for (uint32_t i = 0; i < n; into += lens[i], ++i) CopyBytes(into, local[i], lens[i]);
+    }
+  } else if (w.length > 0) {
     if (pieces == 1 && (w.num_sge == 0 || n == 1)) {
       link::PlaceBytes(dst[0], w.num_sge == 0 ? w.inline_buf : local[0], w.length);  // most SENDs
     } else if (w.num_sge == 0) {
@@ -456,7 +495,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     }
   }
   s.byte_len = w.length;
-  uint32_t flags = rdma ? dr::kRdma : 0;
+  uint32_t flags = rdma ? dr::kRdma : in_slot ? dr::kInSlot : 0;
   if (w.opcode == IBV_WR_SEND_WITH_IMM || rdma) {
     s.imm = w.imm_or_rkey;
     flags |= dr::kWithImm;

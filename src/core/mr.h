@@ -94,13 +94,30 @@ class MrTable {
   uint8_t* ResolveLocalCached(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, int access,
                               const Cache& cache) const {
     const Mr* m = Cached(key, cache);
-    if (!m) return nullptr;
-    uint64_t base = reinterpret_cast<uint64_t>(m->addr);
-    if (m->pd != pd || va < base || va - base > m->length || len > m->length - (va - base) ||
-        (m->access & access) != access)
-      return nullptr;
-    return m->addr + (va - base);
+    if (!m || !CoversLocal(*m, pd, va, len, access)) return nullptr;
+    return m->addr + (va - reinterpret_cast<uint64_t>(m->addr));
   }
+
+  // A local, writable piece of a receive WQE that same-host peers may be handed: its host address,
+  // the iova peers name it by and whether their window covers it (as Reachable). nullptr when
+  // Resolve would refuse it.
+  // One lookup, inline when `cache` answers it: the refill of every message's receive WQE ran
+  // Resolve and Reachable, two lookups that each copied the region.
+  uint8_t* ResolveRecvPiece(uint32_t key, const Pd* pd, uint64_t va, uint64_t len, uint64_t* iova,
+                            bool* reachable, Cache* cache) const {
+    Mr found;
+    const Mr* m = Cached(key, *cache);
+    if (!m && LookupInTable(key, &found, cache)) m = &found;
+    if (!m || !CoversLocal(*m, pd, va, len, IBV_ACCESS_LOCAL_WRITE)) return nullptr;
+    const uint64_t offset = va - reinterpret_cast<uint64_t>(m->addr);
+    *iova = m->iova + offset;
+    *reachable = va >= m->reach_begin && va <= m->reach_end && len <= m->reach_end - va;
+    return m->addr + offset;
+  }
+
+  // Changes whenever a region is removed or changed: an address resolved before holds while it
+  // has not.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
   // Memory windows. Alloc returns the first key, whose upper 24 bits name the window.
   uint32_t AllocMw(const Pd* pd, int type);
@@ -142,6 +159,13 @@ class MrTable {
                : nullptr;
   }
   bool LookupInTable(uint32_t key, Mr* out, Cache* cache) const;
+  // Resolve's checks of a local piece: `m` is `pd`'s, holds [va, va+len) (overflow-safe), grants
+  // `access`.
+  static bool CoversLocal(const Mr& m, const Pd* pd, uint64_t va, uint64_t len, int access) {
+    const uint64_t base = reinterpret_cast<uint64_t>(m.addr);
+    return m.pd == pd && va >= base && va - base <= m.length && len <= m.length - (va - base) &&
+           (m.access & access) == access;
+  }
   // Distinguishes tables in caches, and changes whenever a region is removed or changed (under
   // mu_, written).
   const uint64_t id_;

@@ -85,6 +85,11 @@ constexpr uint32_t kTakenBack = 3;  // owner: it took the WQE itself (a frame's 
 constexpr uint32_t kWithImm = 1;    // slot flags
 constexpr uint32_t kSolicited = 2;  // slot flags
 constexpr uint32_t kRdma = 4;  // slot flags: an RDMA WRITE with immediate (the WQE got no bytes)
+// Slot flags: the message's bytes are in the slot, over its scatter list, for the owner to copy
+// into the WQE's buffers when it collects it. A small SEND so costs the receiver one line, where
+// placing it in the buffers moved the buffer's line to the sender and back (ib_send_lat).
+constexpr uint32_t kInSlot = 8;
+constexpr uint32_t kInSlotBytes = 48;  // the scatter list's bytes (static_assert below)
 constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
   return what | (flags << 8) | (index << 16);
 }
@@ -129,6 +134,7 @@ struct alignas(64) DirectRecvSlot {
   std::atomic<uint32_t> state;  // direct_recv::State
 };
 static_assert(sizeof(DirectRecvSlot) == 64);
+static_assert(sizeof(DirectRecvSlot::sge) == direct_recv::kInSlotBytes);
 
 struct alignas(64) DirectRecvQueue {
   std::atomic<uint32_t> owner;  // the endpoint id using this block, 0: free

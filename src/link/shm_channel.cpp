@@ -30,8 +30,9 @@ constexpr char kSetupMagic[4] = {'S', 'R', 'S', 'M'};
 // them differently, so the two meet over TCP. 3: window entries count their publications; a peer
 // of version 2 would not, and ours would keep using a region it re-registered. 4: receive-queue
 // blocks are sealed instead of counting their senders (`taken` is 64 bits at offset 8); a peer of
-// version 3 would take WQEs through a sealed block.
-constexpr uint8_t kShmVersion = 4;
+// version 3 would take WQEs through a sealed block. 5: a small SEND's bytes may come in its slot
+// (direct_recv::kInSlot); a peer of version 4 would complete it without them.
+constexpr uint8_t kShmVersion = 5;
 constexpr size_t kControlBytes = 4096;  // both rings' control blocks, then the two rings
 static_assert(2 * sizeof(ShmRingControl) <= kControlBytes);
 constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};

@@ -10,14 +10,17 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include "link/shared_windows.h"
 #include "support/semantics_harness.h"
 
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 
 namespace {
@@ -146,16 +149,16 @@ class DirectSend : public VerbsTest {
     VerbsTest::TearDown();
   }
   // Deregisters `region`, whose first 256 bytes the receive WQE `wr_id` names, and has the child
-  // send 256 bytes: both sides fail (the long way), and neither the region nor one registered
+  // send `len` bytes: both sides fail (the long way), and neither the region nor one registered
   // after it, which may take the arena pages it left, is written.
-  void ExpectASendIntoTheDeregisteredRegionFails(uint64_t wr_id) {
+  void ExpectASendIntoTheDeregisteredRegionFails(uint64_t wr_id, uint32_t len = 256) {
     ASSERT_EQ(ibv_dereg_mr(region.mr), 0);
     region.mr = nullptr;
     Region later;
     ASSERT_TRUE(later.Make(v.pd));
     std::memset(later.p, 0xee, kRegion);
     std::memset(region.p, 0xdd, 256);
-    EXPECT_NE(Send(256), IBV_WC_SUCCESS);
+    EXPECT_NE(Send(len), IBV_WC_SUCCESS);
     ibv_wc wc{};
     ASSERT_TRUE(PollOne(q->rcq, &wc));
     EXPECT_EQ(wc.wr_id, wr_id);
@@ -214,6 +217,78 @@ TEST_F(DirectSend, AMessageIsScatteredOverTheReceiveWqesPieces) {
   EXPECT_TRUE(Holds(4096, 3000, 10));
   EXPECT_TRUE(Holds(20000, 2990, 3010));
   EXPECT_EQ(region.p[20000 + 2990], 0) << "the third piece was written beyond the message";
+}
+
+// A message that fits its receive slot travels there, and the receiver copies it into the WQE's
+// pieces (link::direct_recv::kInSlot): the same bytes, where a piece of no bytes is skipped, and
+// nothing beyond them.
+TEST_F(DirectSend, ASmallMessageIsScatteredOverTheReceiveWqesPiecesToo) {
+  Connect();
+  ASSERT_EQ(
+      PostRecvSges(
+          q->qp,
+          {region.Sge(0, 5), region.Sge(2000, 0), region.Sge(4096, 30), region.Sge(8192, 100)}, 8),
+      0);
+  ASSERT_EQ(Send(48, 0x01020304u), IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 48u);
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(ntohl(wc.imm_data), 0x01020304u);
+  EXPECT_TRUE(Holds(0, 5, 0));
+  EXPECT_TRUE(Holds(4096, 30, 5));
+  EXPECT_TRUE(Holds(8192, 13, 35));
+  EXPECT_EQ(region.p[5], 0);
+  EXPECT_EQ(region.p[2000], 0);
+  EXPECT_EQ(region.p[8192 + 13], 0) << "the third piece was written beyond the message";
+}
+
+// A new descriptor of this process's memfd named `name`, -1 if there is none.
+int OwnMemfd(const char* name) {
+  const std::string want = std::string("/memfd:") + name + " (deleted)";
+  for (int fd = 0; fd < 1024; ++fd) {
+    char link[256];
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
+    if (n > 0 && std::string(link, static_cast<size_t>(n)) == want) return dup(fd);
+  }
+  return -1;
+}
+
+// A peer that says its message is in the slot and claims more bytes than the slot holds gets no
+// more than the slot's 48 written, and nothing outside the WQE's buffer. The test is that peer:
+// it maps this process's own table as a peer does and takes the published WQE itself.
+TEST_F(DirectSend, AMessageInTheSlotClaimingMoreBytesThanItHoldsWritesNoMore) {
+  namespace dr = softrdma::link::direct_recv;
+  Connect();
+  // A first message, from the child: the link is up and the queue open.
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(4096, 256)}, 4), 0);
+  ASSERT_EQ(Send(8), IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  ASSERT_EQ(wc.wr_id, 4u);
+  std::memset(region.p + 4096, 0, 8);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 5), 0);
+  // The library's table and arena (its own, not this binary's copy of the code).
+  std::unique_ptr<softrdma::link::PeerWindows> peer(
+      softrdma::link::PeerWindows::Map(OwnMemfd("softrdma-windows"), OwnMemfd("softrdma-mem")));
+  ASSERT_NE(peer, nullptr);
+  uint64_t taken = 0;
+  softrdma::link::DirectRecvQueue* block = peer->OpenRecvQueue(q->qpn(), &taken);
+  ASSERT_NE(block, nullptr) << "the receive queue is not open to a same-host peer";
+  const uint32_t t = dr::TakenCount(taken);
+  softrdma::link::DirectRecvSlot& s = block->slots[t % softrdma::link::kDirectRecvSlots];
+  ASSERT_TRUE(dr::Is(s.state.load(), dr::kPosted, t)) << "the WQE is not published";
+  ASSERT_TRUE(block->taken.compare_exchange_strong(taken, dr::WithCount(taken, t + 1)));
+  std::memset(s.sge, 0xab, sizeof s.sge);
+  s.byte_len = 4000;
+  s.state.store(dr::State(dr::kDone, t, dr::kInSlot));
+  if (block->counted.load()) peer->NoteRecvDone();
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 5u);
+  for (size_t i = 0; i < dr::kInSlotBytes; ++i) ASSERT_EQ(region.p[i], 0xab) << "byte " << i;
+  for (size_t i = dr::kInSlotBytes; i < kRegion; ++i) ASSERT_EQ(region.p[i], 0) << "byte " << i;
 }
 
 // The receiving child: posts one 256-byte receive in a shared region, says 'r', and on 'c' waits
@@ -541,6 +616,14 @@ TEST_F(DirectSend, AReceiveBufferDeregisteredAfterPostingIsNeverWritten) {
   Connect();
   ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 1), 0);
   ExpectASendIntoTheDeregisteredRegionFails(1);
+}
+
+// A message small enough to travel in its receive slot is checked against the buffers as one
+// placed in them: a deregistered one fails both sides (without, the sender's SEND succeeded).
+TEST_F(DirectSend, ASmallSendIntoADeregisteredReceiveBufferFailsBothSides) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 1), 0);
+  ExpectASendIntoTheDeregisteredRegionFails(1, 16);
 }
 
 // The sender remembers the window its last SEND reached (recv_window_memo_): a region

@@ -36,7 +36,7 @@ constexpr int kIoTimeoutMs = 5000;
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kSegmentBytes = kControlBytes + 2 * size_t{kShmRingBytes};
 
-constexpr uint8_t kSetupVersion = 4;  // link/shm_channel.cpp's kShmVersion
+constexpr uint8_t kSetupVersion = 5;  // link/shm_channel.cpp's kShmVersion
 
 struct SetupMsg {
   char magic[4];
