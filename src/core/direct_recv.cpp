@@ -372,25 +372,21 @@ bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
   uint32_t lens[kMaxSge];
   uint32_t n = 0;
   uint64_t length = 0;
-  if (wr.send_flags & IBV_SEND_INLINE) {
-    for (int i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
-    if (length > cap_.max_inline_data) return false;
-    // Into the inline slot of the WQE this one would have been (unused: the queue is empty).
-    w.inline_buf = SqAt(tail_).inline_buf;
-    GatherInline(wr, w.inline_buf);
-    w.num_sge = 0;
-  } else {
-    for (int i = 0; i < wr.num_sge; ++i) {
-      const ibv_sge& g = wr.sg_list[i];
-      length += g.length;
-      if (g.length == 0) continue;
-      if (!(local[n] = ResolveLocalPieceLocked(g, 0))) return false;
-      lens[n++] = g.length;
-    }
-    w.sge = wr.sg_list;
-    w.num_sge = static_cast<uint32_t>(wr.num_sge);
+  // Inline pieces are placed straight from the caller's memory, as it is copied before the post
+  // returns; their keys are not looked at (ibv_post_send(3)).
+  const bool inline_data = wr.send_flags & IBV_SEND_INLINE;
+  for (int i = 0; i < wr.num_sge; ++i) {
+    const ibv_sge& g = wr.sg_list[i];
+    length += g.length;
+    if (g.length == 0) continue;
+    local[n] = inline_data ? reinterpret_cast<uint8_t*>(g.addr) : ResolveLocalPieceLocked(g, 0);
+    if (!local[n]) return false;
+    lens[n++] = g.length;
   }
-  if (length == 0 || length > kMaxMsgSize) return false;
+  w.sge = wr.sg_list;
+  w.num_sge = static_cast<uint32_t>(wr.num_sge);
+  if (length == 0 || length > kMaxMsgSize || (inline_data && length > cap_.max_inline_data))
+    return false;
   w.length = static_cast<uint32_t>(length);
   if (!TryDirectSendLocked(w, peer, local, lens, n)) return false;
   w.status = IBV_WC_SUCCESS;

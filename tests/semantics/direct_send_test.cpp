@@ -72,6 +72,7 @@ struct Order {
   uint32_t len;
   uint32_t imm;  // 0: a plain SEND
   uint8_t solicited;
+  uint8_t inline_data;  // inline, from three pieces: 5 bytes, none (address 0), the rest
 };
 
 // The sending child: a connected QP and a region of Pattern bytes. For each Order ('s') it sends
@@ -112,6 +113,11 @@ int Sender(ChildPipe p, QpOpts o) {
     s.imm = ord.imm;
     s.flags = IBV_SEND_SIGNALED | (ord.solicited ? unsigned{IBV_SEND_SOLICITED} : 0u);
     if (ord.len) s.sges = {r.Sge(0, ord.len)};
+    if (ord.inline_data) {
+      s.flags |= IBV_SEND_INLINE;
+      s.sges = {r.Sge(0, 5), ibv_sge{0, 0, 0}, r.Sge(5, ord.len - 5)};
+      s.sges[0].lkey = s.sges[2].lkey = 0;  // inline pieces need no key
+    }
     if (Post(c.q->qp, s)) return 23;
     ibv_wc wc{};
     int st = PollOne(c.q->scq, &wc, std::chrono::seconds(10)) ? wc.status : -1;
@@ -135,8 +141,8 @@ class DirectSend : public VerbsTest {
     peer_qpn = theirs.qpn;
   }
   // Has the child send one message; returns its send completion's status (-1: none came).
-  int Send(uint32_t len, uint32_t imm = 0, bool solicited = false) {
-    Order ord{len, imm, static_cast<uint8_t>(solicited)};
+  int Send(uint32_t len, uint32_t imm = 0, bool solicited = false, bool inline_data = false) {
+    Order ord{len, imm, static_cast<uint8_t>(solicited), static_cast<uint8_t>(inline_data)};
     int st = -1;
     if (!child.Send('s') || !child.Send(ord) || !child.Recv(&st, std::chrono::seconds(15)))
       return -1;
@@ -254,6 +260,26 @@ int OwnMemfd(const char* name) {
     if (n > 0 && std::string(link, static_cast<size_t>(n)) == want) return dup(fd);
   }
   return -1;
+}
+
+// An inline SEND is gathered from its pieces (an empty one without an address among them), into
+// the slot or into the buffer.
+TEST_F(DirectSend, AnInlineSendGathersItsPieces) {
+  Connect();
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, 1), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(4096, 64)}, 2), 0);
+  ASSERT_EQ(Send(20, 0, false, true), IBV_WC_SUCCESS);
+  ASSERT_EQ(Send(60, 0, false, true), IBV_WC_SUCCESS);
+  auto wcs = PollN(q->rcq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[0].byte_len, 20u);
+  EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[1].byte_len, 60u);
+  EXPECT_TRUE(Holds(0, 20));
+  EXPECT_TRUE(Holds(4096, 60));
+  EXPECT_EQ(region.p[20], 0);
+  EXPECT_EQ(region.p[4096 + 60], 0);
 }
 
 // A peer that says its message is in the slot and claims more bytes than the slot holds gets no
