@@ -84,8 +84,7 @@ class MrTable {
   // covers it). False too when there is no such region.
   bool Reachable(uint32_t key, uint64_t va, uint64_t len, Cache* cache) const {
     Mr m;
-    return Lookup(key, &m, cache) && va >= m.reach_begin && va <= m.reach_end &&
-           len <= m.reach_end - va;
+    return Lookup(key, &m, cache) && Reaches(m, va, len);
   }
 
   // Resolve of a local piece when `cache` answers it, nullptr otherwise (then Resolve says why).
@@ -111,7 +110,7 @@ class MrTable {
     if (!m || !CoversLocal(*m, pd, va, len, IBV_ACCESS_LOCAL_WRITE)) return nullptr;
     const uint64_t offset = va - reinterpret_cast<uint64_t>(m->addr);
     *iova = m->iova + offset;
-    *reachable = va >= m->reach_begin && va <= m->reach_end && len <= m->reach_end - va;
+    *reachable = Reaches(*m, va, len);
     return m->addr + offset;
   }
 
@@ -165,6 +164,10 @@ class MrTable {
     const uint64_t base = reinterpret_cast<uint64_t>(m.addr);
     return m.pd == pd && va >= base && va - base <= m.length && len <= m.length - (va - base) &&
            (m.access & access) == access;
+  }
+  // Whether same-host peers reach host bytes [va, va+len) of `m` directly.
+  static bool Reaches(const Mr& m, uint64_t va, uint64_t len) {
+    return va >= m.reach_begin && va <= m.reach_end && len <= m.reach_end - va;
   }
   // Distinguishes tables in caches, and changes whenever a region is removed or changed (under
   // mu_, written).

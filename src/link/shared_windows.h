@@ -87,7 +87,7 @@ constexpr uint32_t kSolicited = 2;  // slot flags
 constexpr uint32_t kRdma = 4;  // slot flags: an RDMA WRITE with immediate (the WQE got no bytes)
 // Slot flags: the message's bytes are in the slot, over its scatter list, for the owner to copy
 // into the WQE's buffers when it collects it. A small SEND so costs the receiver one line, where
-// placing it in the buffers moved the buffer's line to the sender and back (ib_send_lat).
+// placing it in the buffers moved their line to the sender and back once the application read it.
 constexpr uint32_t kInSlot = 8;
 constexpr uint32_t kInSlotBytes = 48;  // the scatter list's bytes (static_assert below)
 constexpr uint32_t State(uint32_t what, uint32_t index, uint32_t flags = 0) {
