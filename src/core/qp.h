@@ -210,7 +210,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   }
 
   // direct_recv.cpp: SENDs between same-host peers without frames. `local`/`lens`: the gathered
-  // local pieces (none for inline data).
+  // local pieces (inline ones at the caller's addresses; none when `w` holds its inline data).
   static constexpr int64_t kPostedWaitNs = 10'000;
   static bool AwaitPosted(const link::DirectRecvSlot& s, uint32_t index);
   bool TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
