@@ -118,6 +118,16 @@ int Cq::Poll(int n, ibv_wc* out) {
   return got;
 }
 
+bool Cq::TakeOldest(Cqe* out) {
+  std::lock_guard g(mu_);
+  if (count_ == 0) return false;
+  *out = ring_[head_];
+  head_ = Next(head_);
+  --count_;
+  queued_.store(count_, std::memory_order_release);
+  return true;
+}
+
 int Cq::PollLocked(int n, ibv_wc* out) {
   std::lock_guard g(mu_);
   int got = 0;

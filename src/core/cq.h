@@ -49,14 +49,10 @@ class Cq {
   void* user_handle() const { return user_handle_; }
   CompChannel* channel() const { return channel_; }
 
-  // Extended polling (ibv_cq_ex): the caller holds lock() between start and end of a poll batch.
-  link::FastMutex& lock() { return mu_; }
-  const Cqe* FrontLocked() const { return count_ ? &ring_[head_] : nullptr; }
-  void PopLocked() {
-    head_ = Next(head_);
-    --count_;
-    queued_.store(count_, std::memory_order_release);
-  }
+  // Extended polling (ibv_cq_ex): takes the oldest completion into *out; false when none. The
+  // lock is held for the copy only: an application posts work from inside its poll batch
+  // (ibv_rc_pingpong -t answers a receive there), and that work completes on this CQ.
+  bool TakeOldest(Cqe* out);
 
   // Number of events raised for this CQ, for ibv_destroy_cq's wait on ibv_ack_cq_events.
   uint32_t events_reported() const { return events_reported_; }

@@ -137,6 +137,9 @@ pingpong_cases() {
 		pingpong_case "$tool" -n "$PP_LONG_ITERS"
 	done
 	pingpong_case ibv_rc_pingpong -N
+	# -t: the extended CQ (ibv_start_poll, completion timestamps); it posts its answer from
+	# inside the poll batch.
+	pingpong_case ibv_rc_pingpong -t
 	udp_link_case
 	xsrq_case 1 -n 100
 	xsrq_case 1 -n 100 -e

@@ -74,7 +74,9 @@ class DirectPost : public VerbsTest {
  protected:
   void SetUp() override {
     VerbsTest::SetUp();
-    q = v.NewQp(QpOpts{});
+    QpOpts o;
+    ASSERT_NO_FATAL_FAILURE(ChooseCqs(&o));
+    q = v.NewQp(o);
     ASSERT_NE(q, nullptr);
     local = Buf(kBytes);
     ASSERT_NE(local, nullptr);
@@ -109,6 +111,9 @@ class DirectPost : public VerbsTest {
     ASSERT_EQ(waitpid(child.pid(), &st, WUNTRACED), child.pid());
     ASSERT_TRUE(WIFSTOPPED(st));
   }
+
+  // The CQs of the parent's QP (default: fresh ones).
+  virtual void ChooseCqs(QpOpts*) {}
 
   size_t target_offset = 0;  // where the peer's region starts in its first page
   Qp* q = nullptr;
@@ -147,6 +152,51 @@ TEST_F(DirectPostUnaligned, TheWholePagesOfARegionAreReachedDirectly) {
   }
   EXPECT_EQ(edge.wr_id, 62u);
   EXPECT_EQ(edge.status, IBV_WC_SUCCESS) << WcStr(edge);
+}
+
+// One extended CQ for the QP's sends and receives, as ibv_rc_pingpong -t has.
+class DirectPostCqEx : public DirectPost {
+ protected:
+  void ChooseCqs(QpOpts* o) override {
+    cq = v.NewCqEx(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+    ASSERT_NE(cq, nullptr) << strerror(errno);
+    o->send_cq = o->recv_cq = ibv_cq_ex_to_cq(cq);
+  }
+  ibv_cq_ex* cq = nullptr;
+};
+
+// ibv_rc_pingpong -t answers a receive from inside its poll batch (start_poll .. end_poll), and a
+// direct operation completes inside the post: both processes hung while the batch held the CQ's
+// lock, which that completion takes. A hang ends the test through the alarm.
+void OnPostInsideBatchHung(int) {
+  static const char kMsg[] = "ibv_post_send inside an ibv_start_poll batch did not return\n";
+  ssize_t w = write(2, kMsg, sizeof kMsg - 1);
+  (void)w;
+  _exit(1);
+}
+
+TEST_F(DirectPostCqEx, WorkPostedInsideAPollBatchCompletesOnThePolledCq) {
+  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr, target.rkey, 1), 0);
+  ibv_poll_cq_attr attr{};
+  int r = ENOENT;
+  for (auto deadline = Clock::now() + kWait; r == ENOENT && Clock::now() < deadline;)
+    r = ibv_start_poll(cq, &attr);
+  ASSERT_EQ(r, 0) << "the first WRITE's completion";
+  EXPECT_EQ(cq->wr_id, 1u);
+  signal(SIGALRM, OnPostInsideBatchHung);
+  alarm(20);
+  const int posted =
+      PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 8, 8, target.addr + 8, target.rkey, 2);
+  const int next = ibv_next_poll(cq);
+  const uint64_t next_id = cq->wr_id;
+  ibv_end_poll(cq);
+  alarm(0);
+  signal(SIGALRM, SIG_DFL);
+  ASSERT_EQ(posted, 0);
+  ASSERT_EQ(next, 0) << "a direct WRITE completes inside its post";
+  EXPECT_EQ(next_id, 2u);
+  EXPECT_EQ(cq->status, IBV_WC_SUCCESS);
 }
 
 TEST_F(DirectPost, EachOperationCompletesWithTheFieldsOfItsWorkRequest) {

@@ -150,10 +150,7 @@ VerbsCq* X(ibv_cq_ex* c) {
 
 // Takes the oldest completion as "current", exposing status and wr_id as the ABI requires.
 bool TakeCurrent(VerbsCq* cq) {
-  const core::Cqe* e = cq->core->FrontLocked();
-  if (!e) return false;
-  cq->current = *e;
-  cq->core->PopLocked();
+  if (!cq->core->TakeOldest(&cq->current)) return false;
   cq->ibv.status = cq->current.wc.status;
   cq->ibv.wr_id = cq->current.wc.wr_id;
   return true;
@@ -162,13 +159,13 @@ bool TakeCurrent(VerbsCq* cq) {
 int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   VerbsCq* cq = X(c);
+  cq->poll_batch.lock();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    cq->core->lock().lock();
     if (TakeCurrent(cq)) return 0;
-    cq->core->lock().unlock();  // callers do not end_poll after ENOENT
     // Like ibv_poll_cq: an empty CQ makes the caller handle inbound work once.
     if (attempt == 0 && !CoreOf(c->context).hca().Progress()) break;
   }
+  cq->poll_batch.unlock();  // callers do not end_poll after ENOENT
   return ENOENT;
 }
 
@@ -176,7 +173,7 @@ int NextPoll(ibv_cq_ex* c) {
   return TakeCurrent(X(c)) ? 0 : ENOENT;
 }
 void EndPoll(ibv_cq_ex* c) {
-  X(c)->core->lock().unlock();
+  X(c)->poll_batch.unlock();
 }
 
 const ibv_wc& Cur(ibv_cq_ex* c) {

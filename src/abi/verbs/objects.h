@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 
 #include "core/context.h"
 #include "core/cq.h"
@@ -59,8 +60,11 @@ struct VerbsCompChannel {
 struct VerbsCq {
   ibv_cq_ex ibv;
   std::unique_ptr<core::Cq> core;
-  uint64_t wc_flags;          // what create_cq_ex asked to read
-  core::Cqe current{};        // the entry an extended poll is looking at
+  uint64_t wc_flags;    // what create_cq_ex asked to read
+  core::Cqe current{};  // the entry an extended poll is looking at
+  // Held from ibv_start_poll to ibv_end_poll: one poll batch at a time reads `current`. Not the
+  // CQ's own lock, which work posted from inside the batch takes to complete on this CQ.
+  std::mutex poll_batch;
   std::atomic<int> users{0};  // QPs and SRQs using it: destroy_cq answers EBUSY
   static VerbsCq* From(ibv_cq* c) { return reinterpret_cast<VerbsCq*>(c); }
   static VerbsCq* From(ibv_cq_ex* c) { return reinterpret_cast<VerbsCq*>(c); }
