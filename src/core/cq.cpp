@@ -65,7 +65,11 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
       if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
         armed_ = kDisarmed;
         notify = channel_ != nullptr;
-        if (notify) ++events_reported_;
+        if (notify) {
+          ++events_reported_;
+          DropAnnouncedLocked();
+          announced_.push_back(taken_ + count_ - 1);
+        }
       }
     }
   }
@@ -118,12 +122,15 @@ int Cq::Poll(int n, ibv_wc* out) {
   return got;
 }
 
-bool Cq::TakeOldest(Cqe* out) {
+bool Cq::TakeOldest(Cqe* out, bool first) {
   std::lock_guard g(mu_);
   if (count_ == 0) return false;
+  DropAnnouncedLocked();
+  if (!first && !announced_.empty() && announced_.front() == taken_) return false;
   *out = ring_[head_];
   head_ = Next(head_);
   --count_;
+  ++taken_;
   queued_.store(count_, std::memory_order_release);
   return true;
 }
@@ -136,6 +143,7 @@ int Cq::PollLocked(int n, ibv_wc* out) {
     head_ = Next(head_);
     --count_;
   }
+  taken_ += static_cast<uint64_t>(got);
   queued_.store(count_, std::memory_order_release);
   return got;
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <deque>
 #include <vector>
 
 #include "core/event_queue.h"
@@ -49,10 +50,12 @@ class Cq {
   void* user_handle() const { return user_handle_; }
   CompChannel* channel() const { return channel_; }
 
-  // Extended polling (ibv_cq_ex): takes the oldest completion into *out; false when none. The
-  // lock is held for the copy only: an application posts work from inside its poll batch
-  // (ibv_rc_pingpong -t answers a receive there), and that work completes on this CQ.
-  bool TakeOldest(Cqe* out);
+  // Extended polling (ibv_cq_ex): takes the oldest completion into *out; false when none, or when
+  // it is not `first` in its poll batch and announced itself with an event: that event's batch
+  // starts with it (ibv_rc_pingpong -t -e looks once more after the first completion of each
+  // event, and fails when a batch then finds nothing). The lock is held for the copy only: an
+  // application posts work from inside its poll batch, and that work completes on this CQ.
+  bool TakeOldest(Cqe* out, bool first);
 
   // Number of events raised for this CQ, for ibv_destroy_cq's wait on ibv_ack_cq_events.
   uint32_t events_reported() const { return events_reported_; }
@@ -84,6 +87,13 @@ class Cq {
   size_t Next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }
   // count_, for a poll to see an empty CQ without the lock (a busy poller's every look).
   std::atomic<size_t> queued_{0};
+  // Completions ever taken from the ring, and the numbers (in that count) of those queued that
+  // raised an event: where an extended poll batch ends (TakeOldest).
+  uint64_t taken_ = 0;
+  std::deque<uint64_t> announced_;
+  void DropAnnouncedLocked() {
+    while (!announced_.empty() && announced_.front() < taken_) announced_.pop_front();
+  }
   enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;
   bool overflowed_ = false;
   uint32_t events_reported_ = 0;

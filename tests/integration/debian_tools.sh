@@ -138,8 +138,10 @@ pingpong_cases() {
 	done
 	pingpong_case ibv_rc_pingpong -N
 	# -t: the extended CQ (ibv_start_poll, completion timestamps); it posts its answer from
-	# inside the poll batch.
+	# inside the poll batch. With -e every event must find a completion.
 	pingpong_case ibv_rc_pingpong -t
+	pingpong_case ibv_rc_pingpong -t -e
+	pingpong_case ibv_rc_pingpong -t -e -n "$PP_LONG_ITERS"
 	udp_link_case
 	xsrq_case 1 -n 100
 	xsrq_case 1 -n 100 -e

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -154,15 +155,47 @@ TEST_F(DirectPostUnaligned, TheWholePagesOfARegionAreReachedDirectly) {
   EXPECT_EQ(edge.status, IBV_WC_SUCCESS) << WcStr(edge);
 }
 
-// One extended CQ for the QP's sends and receives, as ibv_rc_pingpong -t has.
+// One extended CQ for the QP's sends and receives, with a completion channel, as ibv_rc_pingpong
+// -t -e has.
 class DirectPostCqEx : public DirectPost {
  protected:
   void ChooseCqs(QpOpts* o) override {
-    cq = v.NewCqEx(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+    channel = v.NewChannel();
+    ASSERT_NE(channel, nullptr) << strerror(errno);
+    cq = v.NewCqEx(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, 512, channel);
     ASSERT_NE(cq, nullptr) << strerror(errno);
     o->send_cq = o->recv_cq = ibv_cq_ex_to_cq(cq);
   }
+  void TearDown() override {
+    if (events) ibv_ack_cq_events(ibv_cq_ex_to_cq(cq), events);
+    DirectPost::TearDown();
+  }
+  // A direct WRITE of 8 bytes at `off` of the peer's buffer; it completes inside the post.
+  int Write(size_t off, uint64_t wr_id) {
+    return PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, off, 8, target.addr + off, target.rkey,
+                    wr_id);
+  }
+  // Starts a poll batch, retrying while the CQ is empty, until the deadline.
+  int StartPoll() {
+    ibv_poll_cq_attr attr{};
+    int r = ENOENT;
+    for (auto deadline = Clock::now() + kWait; r == ENOENT && Clock::now() < deadline;)
+      r = ibv_start_poll(cq, &attr);
+    return r;
+  }
+  // The channel's next event, within the deadline; true when it is this CQ's.
+  bool NextEvent() {
+    pollfd pfd{channel->fd, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(kWait.count())) != 1) return false;
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) != 0) return false;
+    ++events;
+    return ev_cq == ibv_cq_ex_to_cq(cq);
+  }
+  ibv_comp_channel* channel = nullptr;
   ibv_cq_ex* cq = nullptr;
+  unsigned events = 0;
 };
 
 // ibv_rc_pingpong -t answers a receive from inside its poll batch (start_poll .. end_poll), and a
@@ -177,26 +210,60 @@ void OnPostInsideBatchHung(int) {
 
 TEST_F(DirectPostCqEx, WorkPostedInsideAPollBatchCompletesOnThePolledCq) {
   if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
-  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr, target.rkey, 1), 0);
-  ibv_poll_cq_attr attr{};
-  int r = ENOENT;
-  for (auto deadline = Clock::now() + kWait; r == ENOENT && Clock::now() < deadline;)
-    r = ibv_start_poll(cq, &attr);
-  ASSERT_EQ(r, 0) << "the first WRITE's completion";
+  ASSERT_EQ(Write(0, 1), 0);
+  ASSERT_EQ(StartPoll(), 0) << "the first WRITE's completion";
   EXPECT_EQ(cq->wr_id, 1u);
   signal(SIGALRM, OnPostInsideBatchHung);
   alarm(20);
-  const int posted =
-      PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 8, 8, target.addr + 8, target.rkey, 2);
+  const int posted = Write(8, 2);
   const int next = ibv_next_poll(cq);
   const uint64_t next_id = cq->wr_id;
   ibv_end_poll(cq);
   alarm(0);
   signal(SIGALRM, SIG_DFL);
   ASSERT_EQ(posted, 0);
-  ASSERT_EQ(next, 0) << "a direct WRITE completes inside its post";
+  ASSERT_EQ(next, 0) << "the second WRITE's completion, queued inside the batch";
   EXPECT_EQ(next_id, 2u);
   EXPECT_EQ(cq->status, IBV_WC_SUCCESS);
+}
+
+// ibv_rc_pingpong -t -e takes one event, re-arms, starts a batch, looks once more (ibv_next_poll)
+// and ends; at its next event it fails ("poll CQ failed 2") if that batch finds nothing. So a
+// completion that raised an event is never taken by an earlier event's batch: the batch ends
+// before it, and the event's own batch starts with it.
+TEST_F(DirectPostCqEx, ACompletionThatRaisedAnEventStartsItsOwnBatch) {
+  if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
+  ibv_cq* base = ibv_cq_ex_to_cq(cq);
+  ASSERT_EQ(ibv_req_notify_cq(base, 0), 0);
+  ASSERT_EQ(Write(0, 1), 0);
+  ASSERT_TRUE(NextEvent()) << "the first WRITE's event";
+  ASSERT_EQ(ibv_req_notify_cq(base, 0), 0);
+  ASSERT_EQ(Write(8, 2), 0);  // lands between the re-arm and the batch: it raises an event
+  ASSERT_EQ(StartPoll(), 0);
+  EXPECT_EQ(cq->wr_id, 1u);
+  EXPECT_EQ(ibv_next_poll(cq), ENOENT) << "the batch took the completion of the next event";
+  ibv_end_poll(cq);
+  ASSERT_TRUE(NextEvent()) << "the second WRITE's event";
+  ASSERT_EQ(ibv_req_notify_cq(base, 0), 0);
+  ibv_poll_cq_attr attr{};
+  ASSERT_EQ(ibv_start_poll(cq, &attr), 0) << "the event's batch found nothing";
+  EXPECT_EQ(cq->wr_id, 2u);
+  // Work posted inside the batch while the CQ is armed raises an event too, and waits for it.
+  ASSERT_EQ(Write(16, 3), 0);
+  EXPECT_EQ(ibv_next_poll(cq), ENOENT);
+  ibv_end_poll(cq);
+  ASSERT_TRUE(NextEvent()) << "the third WRITE's event";
+  ASSERT_EQ(ibv_start_poll(cq, &attr), 0);
+  EXPECT_EQ(cq->wr_id, 3u);
+  ibv_end_poll(cq);
+  // Completions queued without an event are taken as they come.
+  ASSERT_EQ(Write(24, 4), 0);
+  ASSERT_EQ(Write(32, 5), 0);
+  ASSERT_EQ(StartPoll(), 0);
+  EXPECT_EQ(cq->wr_id, 4u);
+  ASSERT_EQ(ibv_next_poll(cq), 0);
+  EXPECT_EQ(cq->wr_id, 5u);
+  ibv_end_poll(cq);
 }
 
 TEST_F(DirectPost, EachOperationCompletesWithTheFieldsOfItsWorkRequest) {

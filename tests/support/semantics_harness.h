@@ -428,10 +428,11 @@ class Verbs {
     return cq;
   }
   // Extended CQ; destroyed like any other (ibv_cq_ex_to_cq).
-  ibv_cq_ex* NewCqEx(uint64_t wc_flags, int depth = 512) {
+  ibv_cq_ex* NewCqEx(uint64_t wc_flags, int depth = 512, ibv_comp_channel* ch = nullptr) {
     ibv_cq_init_attr_ex a{};
     a.cqe = static_cast<uint32_t>(depth);
     a.wc_flags = wc_flags;
+    a.channel = ch;
     ibv_cq_ex* cq = ibv_create_cq_ex(ctx, &a);
     if (cq) cqs_.push_back(ibv_cq_ex_to_cq(cq));
     return cq;

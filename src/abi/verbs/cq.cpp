@@ -149,8 +149,8 @@ VerbsCq* X(ibv_cq_ex* c) {
 }
 
 // Takes the oldest completion as "current", exposing status and wr_id as the ABI requires.
-bool TakeCurrent(VerbsCq* cq) {
-  if (!cq->core->TakeOldest(&cq->current)) return false;
+bool TakeCurrent(VerbsCq* cq, bool first) {
+  if (!cq->core->TakeOldest(&cq->current, first)) return false;
   cq->ibv.status = cq->current.wc.status;
   cq->ibv.wr_id = cq->current.wc.wr_id;
   return true;
@@ -161,7 +161,7 @@ int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   VerbsCq* cq = X(c);
   cq->poll_batch.lock();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (TakeCurrent(cq)) return 0;
+    if (TakeCurrent(cq, true)) return 0;
     // Like ibv_poll_cq: an empty CQ makes the caller handle inbound work once.
     if (attempt == 0 && !CoreOf(c->context).hca().Progress()) break;
   }
@@ -170,7 +170,7 @@ int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
 }
 
 int NextPoll(ibv_cq_ex* c) {
-  return TakeCurrent(X(c)) ? 0 : ENOENT;
+  return TakeCurrent(X(c), false) ? 0 : ENOENT;
 }
 void EndPoll(ibv_cq_ex* c) {
   X(c)->poll_batch.unlock();
