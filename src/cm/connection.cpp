@@ -689,6 +689,9 @@ void Cm::OnReq(Peer* p, const Message& m) {
   // Unless the accept says otherwise, this side offers what the request asked for.
   child->responder_resources = child->remote_responder_resources;
   child->initiator_depth = child->remote_initiator_depth;
+  // Chosen now, not at the accept: an application that made its own QP brings it to RTS with
+  // rdma_init_qp_attr before rdma_accept (rping -q), and the REP must carry the PSN it started.
+  child->psn = RandomPsn();
   child->retry_count = r.retry_count;
   child->listener = listen;
   listen->children.insert(child);
@@ -740,7 +743,6 @@ int Cm::Accept(CmId* id, const rdma_conn_param* param) {
       param && param->initiator_depth != RDMA_MAX_INIT_DEPTH
           ? param->initiator_depth
           : std::min<int>(id->remote_initiator_depth, dev.max_qp_init_rd_atom));
-  id->psn = RandomPsn();
   if (!id->peer) {
     // The requester's process went away before the answer.
     id->state = IdState::kFailed;

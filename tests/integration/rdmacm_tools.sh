@@ -152,12 +152,13 @@ rping_check() {
 	awk -v pfx="server ping data: " -v size="$RPING_SIZE" -v count="$RPING_COUNT" "$_rping_awk" "$slog" || return 1
 }
 
-# rping_case COUNT SIZE VERBOSE [SERVER_BIND [SERVER_ENV]]
+# rping_case COUNT SIZE VERBOSE [SERVER_BIND [SERVER_ENV [OPTION]]]
 rping_case() {
-	local count=$1 size=$2 verbose=$3 sbind=${4:-$HOST} senv=${5:-} args name
+	local count=$1 size=$2 verbose=$3 sbind=${4:-$HOST} senv=${5:-} option=${6:-} args name
 	args="-C $count -V"
 	[[ -n $size ]] && args+=" -S $size"
 	((verbose)) && args+=" -v"
+	[[ -n $option ]] && args+=" $option"
 	name="rping $args"
 	[[ $sbind != "$HOST" ]] && name+=" (server -a $sbind)"
 	[[ -n $senv ]] && name+=" (server $senv)"
@@ -182,6 +183,9 @@ rping_cases() {
 	for s in 26 64 1000 4096 65535; do
 		rping_case "$RPING_SIZE_COUNT" "$s" 1
 	done
+	# -q: both sides create their QPs with ibv_create_qp and bring them up with
+	# rdma_init_qp_attr, the server before rdma_accept.
+	rping_case 100 "" 1 "$HOST" "" -q
 }
 
 # ---------------------------------------------------------------------------

@@ -203,6 +203,108 @@ TEST_F(CmEvents, ConnectResponseThenEstablish) {
   ibv_dealloc_pd(pd);
 }
 
+// rping -q: both sides make their own QPs, and the passive side brings its QP to RTS with
+// rdma_init_qp_attr before rdma_accept. The PSN its QP starts with is the one the REP announces:
+// when the accept chose another, the client dropped the server's requests as out of sequence and
+// the server's first one ended in RETRY_EXC_ERR.
+TEST_F(CmEvents, APassiveSideThatBringsItsOwnQpUpBeforeAcceptingIsHeard) {
+  rdma_event_channel* sch = Channel();
+  rdma_event_channel* cch = Channel();
+  uint16_t port = 0;
+  ASSERT_NE(Listen(sch, &port), nullptr);
+  rdma_cm_id* client = Resolved(cch, port);
+  ASSERT_NE(client, nullptr);
+  struct OwnQp {
+    ibv_pd* pd = nullptr;
+    ibv_cq* cq = nullptr;
+    ibv_qp* qp = nullptr;
+    ibv_mr* mr = nullptr;
+    uint64_t buf[8] = {};
+    bool Make(ibv_context* ctx) {
+      pd = ibv_alloc_pd(ctx);
+      cq = pd ? ibv_create_cq(ctx, 16, nullptr, nullptr, 0) : nullptr;
+      ibv_qp_init_attr qa = RcAttr();
+      qa.send_cq = qa.recv_cq = cq;
+      qp = cq ? ibv_create_qp(pd, &qa) : nullptr;
+      mr = qp ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+      return mr != nullptr;
+    }
+    // INIT, RTR and RTS from the id, as rping's rping_self_modify_qp does.
+    bool BringUp(rdma_cm_id* id) {
+      for (ibv_qp_state s : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+        ibv_qp_attr a{};
+        int mask = 0;
+        a.qp_state = s;
+        if (rdma_init_qp_attr(id, &a, &mask) != 0 || ibv_modify_qp(qp, &a, mask) != 0) return false;
+      }
+      return true;
+    }
+    int Post(bool send) {
+      ibv_sge sge{reinterpret_cast<uintptr_t>(send ? &buf[0] : &buf[4]), 16, mr->lkey};
+      if (!send) {
+        ibv_recv_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr* bad = nullptr;
+        return ibv_post_recv(qp, &wr, &bad);
+      }
+      ibv_send_wr wr{};
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr* bad = nullptr;
+      return ibv_post_send(qp, &wr, &bad);
+    }
+    ~OwnQp() {
+      if (mr) ibv_dereg_mr(mr);
+      if (qp) ibv_destroy_qp(qp);
+      if (cq) ibv_destroy_cq(cq);
+      if (pd) ibv_dealloc_pd(pd);
+    }
+  };
+  OwnQp c;
+  ASSERT_TRUE(c.Make(client->verbs));
+  rdma_conn_param cp{};
+  cp.qp_num = c.qp->qp_num;
+  cp.responder_resources = cp.initiator_depth = 1;
+  cp.retry_count = cp.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(client, &cp), 0) << strerror(errno);
+  Event req;
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_CONNECT_REQUEST, &req));
+  rdma_cm_id* server = Adopt(req.id);
+  OwnQp s;
+  ASSERT_TRUE(s.Make(server->verbs));
+  ASSERT_TRUE(s.BringUp(server)) << strerror(errno);
+  ASSERT_EQ(s.Post(false), 0);
+  rdma_conn_param ap = cp;
+  ap.qp_num = s.qp->qp_num;
+  ASSERT_EQ(rdma_accept(server, &ap), 0) << strerror(errno);
+  ASSERT_TRUE(Next(cch, RDMA_CM_EVENT_CONNECT_RESPONSE));
+  ASSERT_TRUE(c.BringUp(client)) << strerror(errno);
+  ASSERT_EQ(c.Post(false), 0);
+  ASSERT_EQ(rdma_establish(client), 0) << strerror(errno);
+  ASSERT_TRUE(Next(sch, RDMA_CM_EVENT_ESTABLISHED));
+
+  // Both directions: the server's first request used to be lost.
+  ASSERT_EQ(s.Post(true), 0);
+  ASSERT_EQ(c.Post(true), 0);
+  for (OwnQp* side : {&s, &c}) {
+    int got = 0;
+    for (auto deadline = Clock::now() + milliseconds(5000); got < 2 && Clock::now() < deadline;) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(side->cq, 1, &wc) != 1) continue;
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS)
+          << (side == &s ? "server " : "client ") << ibv_wc_status_str(wc.status);
+      ++got;
+    }
+    EXPECT_EQ(got, 2) << (side == &s ? "server" : "client") << ": a SEND and a receive";
+  }
+  ASSERT_EQ(rdma_disconnect(client), 0);
+  EXPECT_TRUE(Next(cch, RDMA_CM_EVENT_DISCONNECTED));
+  EXPECT_TRUE(Next(sch, RDMA_CM_EVENT_DISCONNECTED));
+}
+
 TEST_F(CmEvents, UnreachableWhenNothingListens) {
   rdma_event_channel* cch = Channel();
   rdma_cm_id* client = Resolved(cch, NextPort());
