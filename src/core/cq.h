@@ -5,8 +5,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <deque>
+#include <mutex>
 #include <vector>
 
 #include "core/event_queue.h"
