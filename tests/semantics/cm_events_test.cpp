@@ -226,7 +226,8 @@ TEST_F(CmEvents, APassiveSideThatBringsItsOwnQpUpBeforeAcceptingIsHeard) {
       ibv_qp_init_attr qa = RcAttr();
       qa.send_cq = qa.recv_cq = cq;
       qp = cq ? ibv_create_qp(pd, &qa) : nullptr;
-      mr = qp ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+      const int access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro mixes enums
+      mr = qp ? ibv_reg_mr(pd, buf, sizeof buf, access) : nullptr;
       return mr != nullptr;
     }
     // INIT, RTR and RTS from the id, as rping's rping_self_modify_qp does.
