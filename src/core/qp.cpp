@@ -30,6 +30,7 @@ Qp::Qp(Context& ctx, uint32_t qpn, const Init& init)
       xrcd_(init.xrcd),
       cap_(init.cap),
       sq_sig_all_(init.sq_sig_all),
+      block_self_mcast_(init.block_self_mcast),
       user_handle_(init.user_handle) {
   sq_depth_ = cap_.max_send_wr ? cap_.max_send_wr : 1;
   // A power of two: WQE indices grow forever and are masked, not divided (a 64-bit division per

@@ -105,6 +105,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
     ibv_qp_cap cap;
     bool sq_sig_all;
     ibv_qp* user_handle;
+    // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: its multicast sends skip the members on its own HCA.
+    bool block_self_mcast = false;
   };
 
   Qp(Context& ctx, uint32_t qpn, const Init& init);
@@ -305,6 +307,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   std::shared_ptr<Xrcd> xrcd_;
   ibv_qp_cap cap_;
   const bool sq_sig_all_;
+  const bool block_self_mcast_;
   ibv_qp* user_handle_;
 
   link::FastMutex mu_;

@@ -188,6 +188,7 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
     size_t dest_at = static_cast<size_t>(bth - f.hdr) + offsetof(wire::Bth, dest_qp);
     for (auto& [channel, member] : hca_.McastTargets(av->attr.grh.dgid)) {
       if (channel->closed()) continue;
+      if (block_self_mcast_ && member >> kQpIndexBits == qpn_ >> kQpIndexBits) continue;
       link::OutFrame copy = f;
       wire::Store24(copy.hdr + dest_at + 1, member);
       channel->Send(std::move(copy));

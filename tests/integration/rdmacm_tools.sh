@@ -316,6 +316,8 @@ mckey_case() {
 mckey_cases() {
 	mckey_case 2 -C 10
 	mckey_case 1 -p 0x2 -C 10
+	# -l: QPs made with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (the receivers are other processes)
+	mckey_case 1 -l -C 10
 }
 
 # ---------------------------------------------------------------------------

@@ -88,6 +88,55 @@ TEST_F(Multicast, AttachedQpsReceiveGroupSendsUntilDetached) {
   EXPECT_TRUE(Drain(r2->rcq).empty()) << "a detached QP still received group traffic";
 }
 
+// IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (mckey -l): the QP's group sends skip the members on its own
+// device (here, every QP of this process); a sender without it still reaches them. UD only.
+TEST_F(Multicast, ASenderThatBlocksLoopbackSkipsTheMembersOfItsOwnDevice) {
+  QpOpts o;
+  o.type = IBV_QPT_UD;
+  QpOpts blocked = o;
+  blocked.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+  Qp *quiet, *member;
+  Pair(blocked, o, &quiet, &member);
+  ASSERT_NE(quiet, nullptr);
+  Qp* loud = v.NewQp(o);
+  ASSERT_NE(loud, nullptr);
+  ASSERT_EQ(BringUp(loud->qp, o, v.RemoteOf(member)), 0);
+  const ibv_gid group = Group(0x43);
+  ASSERT_EQ(ibv_attach_mcast(member->qp, &group, 0xc002), 0);
+  ASSERT_EQ(ibv_attach_mcast(quiet->qp, &group, 0xc002), 0);
+  Buffer* sbuf = Buf(4096);
+  Buffer* rbuf = Buf(2 * 4096);
+  ASSERT_EQ(PostRecv(member->qp, *rbuf, 0, 1024, 1), 0);
+  ASSERT_EQ(PostRecv(quiet->qp, *rbuf, 4096, 1024, 2), 0);
+  ibv_ah_attr attr{};
+  attr.is_global = 1;
+  attr.grh.dgid = group;
+  attr.grh.hop_limit = 64;
+  attr.dlid = 0xc002;
+  attr.port_num = 1;
+  ibv_ah* ah = v.AdoptAh(ibv_create_ah(v.pd, &attr));
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  ASSERT_EQ(SendToGroup(quiet, *sbuf, ah, 1, o.qkey), 0);
+  ASSERT_EQ(PollN(quiet->scq, 1).size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(Drain(member->rcq).empty()) << "a member on the sender's own device received";
+  EXPECT_TRUE(Drain(quiet->rcq).empty()) << "the sender received its own group send";
+  ASSERT_EQ(SendToGroup(loud, *sbuf, ah, 2, o.qkey), 0);
+  ASSERT_EQ(PollN(loud->scq, 1).size(), 1u);
+  for (Qp* r : {member, quiet}) {
+    ibv_wc wc;
+    ASSERT_TRUE(PollOne(r->rcq, &wc)) << "a sender without the flag reaches every member";
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    EXPECT_EQ(wc.src_qp, loud->qpn());
+  }
+  // Only UD QPs carry the flag.
+  QpOpts rc;
+  rc.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+  errno = 0;
+  EXPECT_EQ(v.NewQp(rc), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
 TEST_F(Multicast, OnlyUdQpsAndMulticastGidsAttach) {
   QpOpts ud;
   ud.type = IBV_QPT_UD;

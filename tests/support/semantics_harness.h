@@ -165,6 +165,7 @@ struct QpOpts {
   ibv_cq* recv_cq = nullptr;  // null: a fresh CQ of cq_depth
   ibv_srq* srq = nullptr;
   uint64_t send_ops_flags = 0;  // non-zero: ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+  uint32_t create_flags = 0;    // non-zero: ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS
   int access = kAllAccess;
   uint8_t timeout = 14;  // 4.096 us * 2^14 = 67 ms
   uint8_t retry_cnt = 7;
@@ -502,6 +503,10 @@ class Verbs {
     a.cap.max_inline_data = o.max_inline;
     a.comp_mask = IBV_QP_INIT_ATTR_PD;
     a.pd = pd;
+    if (o.create_flags) {
+      a.comp_mask |= IBV_QP_INIT_ATTR_CREATE_FLAGS;
+      a.create_flags = o.create_flags;
+    }
     if (o.send_ops_flags) {
       a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
       a.send_ops_flags = o.send_ops_flags;

@@ -98,7 +98,11 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   constexpr uint32_t kSupportedMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
                                       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD;
   if (a->comp_mask & ~kSupportedMask) return Fail<ibv_qp>(EOPNOTSUPP);
-  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
+  const uint32_t create_flags =
+      (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? a->create_flags : 0;
+  // Blocking multicast loopback means something for UD QPs only (mckey -l asks for it).
+  if (create_flags & ~uint32_t{IBV_QP_CREATE_BLOCK_SELF_MCAST_LB} ||
+      (create_flags && a->qp_type != IBV_QPT_UD))
     return Fail<ibv_qp>(EOPNOTSUPP);
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
       a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV)
@@ -154,6 +158,7 @@ ibv_qp* CreateQpEx(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   init.srq = a->srq ? VerbsSrq::From(a->srq)->core.get() : nullptr;
   init.cap = cap;
   init.sq_sig_all = a->sq_sig_all != 0;
+  init.block_self_mcast = (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0;
   VerbsQp* qp = NewQp(ctx, init, a->qp_context);
   if (!qp) return nullptr;
   ibv_qp& q = qp->ibv.qp_base;
