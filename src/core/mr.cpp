@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 
+#include "link/process_maps.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
 
@@ -33,13 +34,23 @@ uint32_t WindowRights(const Mr& m) {
   return rights;
 }
 
+// On-demand regions (ibv_reg_mr(3), IBV_ACCESS_ON_DEMAND) stay where the application keeps them:
+// their pages need not exist yet, the application may unmap and map them again, and an implicit
+// one spans the whole address space. Peers reach them by frames, and every access checks that the
+// pages are there (Resolve).
+bool OnDemand(const Mr& m) {
+  return (m.access & IBV_ACCESS_ON_DEMAND) != 0;
+}
+
 void PublishWindow(const Mr& m) {
+  if (OnDemand(m)) return;
   if (uint32_t rights = WindowRights(m))
     link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length, rights);
 }
 
 // Shares the region's pages (best effort) and notes the part its window will cover.
 void Share(Mr* m) {
+  if (OnDemand(*m)) return;
   m->registration = link::SharedMemory::Get().Share(m->addr, m->length);
   uint64_t skip, len, offset;
   if (WindowRights(*m) &&
@@ -168,9 +179,15 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     *why = KeyCheck::kBadAccess;
     return nullptr;
   }
+  uint8_t* host = m.addr + (va - base);
+  // An on-demand page that is not mapped faults on an HCA too, and the access fails.
+  if (OnDemand(m) && len > 0 && !link::IsMapped(host, len)) {
+    *why = KeyCheck::kBadRange;
+    return nullptr;
+  }
   *why = KeyCheck::kOk;
   if (iova) *iova = m.iova + (va - base);
-  return m.addr + (va - base);
+  return host;
 }
 
 namespace {

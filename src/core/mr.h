@@ -159,11 +159,12 @@ class MrTable {
   }
   bool LookupInTable(uint32_t key, Mr* out, Cache* cache) const;
   // Resolve's checks of a local piece: `m` is `pd`'s, holds [va, va+len) (overflow-safe), grants
-  // `access`.
+  // `access`. An on-demand region is never answered here: Resolve checks that its pages are
+  // mapped.
   static bool CoversLocal(const Mr& m, const Pd* pd, uint64_t va, uint64_t len, int access) {
     const uint64_t base = reinterpret_cast<uint64_t>(m.addr);
-    return m.pd == pd && va >= base && va - base <= m.length && len <= m.length - (va - base) &&
-           (m.access & access) == access;
+    return m.pd == pd && !(m.access & IBV_ACCESS_ON_DEMAND) && va >= base &&
+           va - base <= m.length && len <= m.length - (va - base) && (m.access & access) == access;
   }
   // Whether same-host peers reach host bytes [va, va+len) of `m` directly.
   static bool Reaches(const Mr& m, uint64_t va, uint64_t len) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -135,6 +136,14 @@ void ForEveryMapping(const std::function<bool(const Mapping&)>& fn) {
   while (std::fgets(line, sizeof line, f))
     if (ParseMapping(line, &m) && !fn(m)) break;
   std::fclose(f);
+}
+
+bool IsMapped(const void* addr, uint64_t length) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
+  if (end < start) return false;  // wraps the address space
+  return msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
 }  // namespace softrdma::link

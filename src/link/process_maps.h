@@ -31,5 +31,8 @@ bool ForEachMapping(uintptr_t start, uintptr_t end, const std::function<bool(con
 void ForEveryMapping(const std::function<bool(const Mapping&)>& fn);
 // Whether the kernel answers PROCMAP_QUERY.
 bool MapsQueryWorks();
+// Whether every page of [addr, addr+length) is mapped, by one system call that touches none of
+// them (msync says ENOMEM for a hole): what the kernel's pinning answers with EFAULT.
+bool IsMapped(const void* addr, uint64_t length);
 
 }  // namespace softrdma::link

@@ -142,6 +142,11 @@ pingpong_cases() {
 	pingpong_case ibv_rc_pingpong -t
 	pingpong_case ibv_rc_pingpong -t -e
 	pingpong_case ibv_rc_pingpong -t -e -n "$PP_LONG_ITERS"
+	# Regions on demand: -o, implicit (-O), prefetched (-P, ibv_advise_mr).
+	pingpong_case ibv_rc_pingpong -o
+	pingpong_case ibv_rc_pingpong -o -P
+	pingpong_case ibv_rc_pingpong -O
+	pingpong_case ibv_rc_pingpong -O -P
 	udp_link_case
 	xsrq_case 1 -n 100
 	xsrq_case 1 -n 100 -e
@@ -275,6 +280,12 @@ perftest_cases() {
 	perftest_case ib_write_bw 65536 5000 "" -c UC
 	perftest_case ib_send_bw 65536 1000 "" -c XRC
 	perftest_case ib_write_bw 65536 5000 "" -c XRC
+	# Regions on demand (perftest refuses --odp for atomics itself).
+	perftest_case ib_send_bw 65536 1000 "" --odp
+	perftest_case ib_write_bw 65536 5000 "" --odp
+	perftest_case ib_read_bw 65536 1000 "" --odp
+	perftest_case ib_write_lat 2 1000 "" --odp
+	perftest_case ib_read_lat 2 1000 "" --odp
 }
 
 # ---------------------------------------------------------------------------

@@ -65,6 +65,7 @@ void InstallContextOps(verbs_context* vctx) {
   ops.dealloc_mw = DeallocMw;
   vctx->query_port = QueryPortEx;
   vctx->query_device_ex = QueryDeviceEx;
+  vctx->advise_mr = AdviseMr;
   vctx->create_cq_ex = CreateCqEx;
   vctx->create_qp_ex = CreateQpEx;
   vctx->open_qp = OpenQp;

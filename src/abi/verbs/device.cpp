@@ -113,6 +113,18 @@ int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
   full.hca_core_clock = 1000000;  // kHz: completion timestamps count nanoseconds
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
   full.phys_port_cnt_ex = 1;
+  // Regions on demand (IBV_ACCESS_ON_DEMAND, implicit too) for every operation of every transport:
+  // the library reaches its own memory at any time, and checks per access that it is mapped.
+  constexpr uint32_t kOnDemandOps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                    IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                                    IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  full.odp_caps.per_transport_caps.rc_odp_caps = kOnDemandOps;
+  full.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                                 IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.xrc_odp_caps = kOnDemandOps;
   std::memcpy(attr, &full, attr_size < sizeof full ? attr_size : sizeof full);
   if (attr_size > sizeof full)
     std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);

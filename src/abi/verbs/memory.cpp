@@ -6,6 +6,7 @@
 
 #include "abi/export.h"
 #include "abi/verbs/objects.h"
+#include "link/process_maps.h"
 
 // verbs.h turns these into inline dispatchers; here we define the exported functions themselves.
 #undef ibv_reg_mr
@@ -32,11 +33,10 @@ int CheckAccess(unsigned access) {
   return 0;
 }
 
-bool IsMapped(const void* addr, size_t length) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
-  return msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0 || errno != ENOMEM;
+// An implicit on-demand region: the whole address space, by the one (addr, length) pair that
+// names it (ibv_reg_mr(3)).
+bool IsImplicitOnDemand(const void* addr, size_t length, unsigned access) {
+  return !addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND);
 }
 
 }  // namespace
@@ -60,14 +60,16 @@ SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
 
 SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                          unsigned int access) {
-  if (!pd || length == 0 || !addr) return Fail<ibv_mr>(EINVAL);
+  if (!pd || length == 0 || (!addr && !IsImplicitOnDemand(addr, length, access)))
+    return Fail<ibv_mr>(EINVAL);
   // A range that wraps the address space does not exist (the kernel's ib_umem_get says EINVAL);
   // accepted, an in-bounds remote offset would land below `addr`.
   if (length > UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr)) return Fail<ibv_mr>(EINVAL);
   if (int r = CheckAccess(access)) return Fail<ibv_mr>(r);
   // The kernel pins the pages and says EFAULT for memory that is not mapped; msync() asks the
-  // same question without touching the pages.
-  if (!IsMapped(addr, length)) return Fail<ibv_mr>(EFAULT);
+  // same question without touching the pages. On-demand pages need not exist until used.
+  if (!(access & IBV_ACCESS_ON_DEMAND) && !link::IsMapped(addr, length))
+    return Fail<ibv_mr>(EFAULT);
   VerbsPd* p = VerbsPd::From(pd);
   core::Hca& hca = CoreOf(pd->context).hca();
   core::Mr m{};
@@ -88,6 +90,54 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   ++p->users;
   return &mr->ibv;
 }
+
+namespace softrdma::abi {
+
+// Pages of an on-demand region are faulted in by the first access anyway; a prefetch does it
+// ahead (MADV_POPULATE_*, Linux 5.14; best effort, as ibv_advise_mr(3) says).
+int AdviseMr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+             uint32_t num_sge) {
+  constexpr int kPopulateRead = 22, kPopulateWrite = 23;  // MADV_POPULATE_READ, _WRITE
+  if (!pd || (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) || (num_sge > 0 && !sg_list))
+    return EINVAL;
+  int populate;
+  switch (advice) {
+    case IBV_ADVISE_MR_ADVICE_PREFETCH:
+      populate = kPopulateRead;
+      break;
+    case IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE:
+      populate = kPopulateWrite;
+      break;
+    case IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT:
+      populate = 0;  // what is present is present to us already
+      break;
+    default:
+      return ENOTSUP;
+  }
+  core::Hca& hca = CoreOf(pd->context).hca();
+  const int access = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? IBV_ACCESS_LOCAL_WRITE : 0;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const ibv_sge& g = sg_list[i];
+    core::Mr m;
+    if (!hca.mrs().Get(g.lkey, &m)) return EFAULT;
+    if (!(m.access & IBV_ACCESS_ON_DEMAND)) return EINVAL;  // prefetch is for on-demand regions
+    if (g.length == 0) continue;
+    core::KeyCheck why;
+    if (!hca.mrs().Resolve(g.lkey, &VerbsPd::From(pd)->core, g.addr, g.length, access, true, &why))
+      return why == core::KeyCheck::kBadAccess ? EPERM : EFAULT;
+  }
+  if (populate == 0) return 0;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const uintptr_t start = sg_list[i].addr & ~(page - 1);
+    const uintptr_t end = sg_list[i].addr + sg_list[i].length;
+    if (sg_list[i].length > 0)
+      madvise(reinterpret_cast<void*>(start), end - start, populate);  // best effort
+  }
+  return 0;
+}
+
+}  // namespace softrdma::abi
 
 SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                         int access) {
@@ -143,6 +193,10 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     m.iova = reinterpret_cast<uintptr_t>(addr);
     mr->addr = addr;
     mr->length = length;
+  }
+  if (!m.addr && !(m.access & IBV_ACCESS_ON_DEMAND)) {
+    errno = EINVAL;  // the whole address space is a region on demand only
+    return IBV_REREG_MR_ERR_INPUT;
   }
   m.pd = &new_pd->core;
   hca.mrs().Update(mr->lkey, m);

@@ -133,5 +133,7 @@ int CloseXrcd(ibv_xrcd* xrcd);
 int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
                   ibv_device_attr_ex* attr, size_t attr_size);
 int QueryPortEx(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
+int AdviseMr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+             uint32_t num_sge);
 
 }  // namespace softrdma::abi
