@@ -1130,7 +1130,10 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
   if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
     shm_seen_told_ns.store(now, std::memory_order_relaxed);
     std::lock_guard g(shm_mu);
-    for (const auto& ch : shm) ch->Seen(now);
+    for (const auto& ch : shm) {
+      ch->Seen(now);
+      ch->RingIfUnrungStalled(now);
+    }
   }
   if (parked.load() && !ShmPrepareSleep()) Wake();
 }

@@ -160,6 +160,15 @@ int64_t ShmTrustedPollNs(int64_t normal) {
   return stretched > 0 ? stretched : normal;
 }
 
+int64_t ShmUnrungCheckNs() {
+  static const int64_t ns = [] {
+    const char* e = getenv("SOFTRDMA_SHM_UNRUNG_CHECK_NS");
+    const int64_t v = e ? strtoll(e, nullptr, 10) : int64_t{0};
+    return v > 0 ? v : kShmUnrungCheckNs;
+  }();
+  return ns;
+}
+
 int ShmChannel::Listen(uint16_t port) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -192,10 +201,10 @@ bool ShmChannel::MapRings(int memfd, bool connector) {
   uint8_t* ring0 = base + kControlBytes;  // connector → acceptor
   uint8_t* ring1 = ring0 + kShmRingBytes;
   if (connector) {
-    tx_ = ShmRingProducer(&ctl[0], ring0, ShmTrustedPollNs(kShmConsumerIdleNs));
+    tx_ = ShmRingProducer(&ctl[0], ring0, ShmTrustedPollNs(kShmConsumerIdleNs), ShmUnrungCheckNs());
     rx_ = ShmRingConsumer(&ctl[1], ring1);
   } else {
-    tx_ = ShmRingProducer(&ctl[1], ring1, ShmTrustedPollNs(kShmConsumerIdleNs));
+    tx_ = ShmRingProducer(&ctl[1], ring1, ShmTrustedPollNs(kShmConsumerIdleNs), ShmUnrungCheckNs());
     rx_ = ShmRingConsumer(&ctl[0], ring0);
   }
   return true;
@@ -372,6 +381,12 @@ void ShmChannel::Ring(int fd) {
 
 void ShmChannel::PublishLocked() {
   if (tx_.Publish(NowNs)) Ring(doorbell_out_);
+}
+
+void ShmChannel::RingIfUnrungStalled(int64_t now_ns) {
+  std::unique_lock<std::mutex> g(tx_mu_, std::try_to_lock);
+  if (!g.owns_lock() || !ready_.load(std::memory_order_relaxed) || closed()) return;
+  if (tx_.UnrungStalled(now_ns)) Ring(doorbell_out_);
 }
 
 void ShmChannel::Send(OutFrame&& f) {

@@ -71,6 +71,10 @@ class ShmChannel final : public ServedChannel {
   void Seen(int64_t now_ns) {
     if (ready_.load(std::memory_order_acquire)) rx_.Seen(now_ns);
   }
+  // Rings for records the peer has left untaken since it was last seen polling
+  // (ShmRingProducer::UnrungStalled). From our application's polls; skipped while a sender holds
+  // the ring (the next poll asks again).
+  void RingIfUnrungStalled(int64_t now_ns);
 
  private:
   struct TxItem {

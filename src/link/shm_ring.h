@@ -31,6 +31,14 @@ constexpr uint32_t kShmMaxRecordBytes = 64 * 1024;  // inline payload travels in
 // each waking the consumer's progress thread into the mutex its poller held, which stalled the
 // poller into the next doorbell (0.5-0.7 M messages/s; 2.1-2.5 M at 20 us).
 constexpr int64_t kShmConsumerIdleNs = 20'000;
+// Records published without a doorbell (the consumer polled within kShmConsumerIdleNs) that are
+// still not taken this much later get one after all (ShmRingProducer::UnrungStalled): a consumer
+// whose application polled once and then waited elsewhere left them to its progress thread's lease,
+// 0.2-1 ms (ib_write_lat by frames: 100-500 us per message).
+constexpr int64_t kShmUnrungCheckNs = 5'000;
+// kShmUnrungCheckNs, or what SOFTRDMA_SHM_UNRUNG_CHECK_NS says: tests that stretch the trust in
+// polls (SOFTRDMA_SHM_TRUST_POLL_NS) stretch this too when the doorbell must come from elsewhere.
+int64_t ShmUnrungCheckNs();
 // `normal`, or what SOFTRDMA_SHM_TRUST_POLL_NS says: tests stretch the times a poller is trusted to
 // look again (kShmConsumerIdleNs, the poll lease, the socket lease) so that a race around them
 // happens every time.
@@ -93,8 +101,9 @@ constexpr uint32_t ShmAlign(uint64_t n, uint32_t to) {
 class ShmRingProducer {
  public:
   ShmRingProducer() = default;
-  ShmRingProducer(ShmRingControl* c, uint8_t* data, int64_t idle_ns = kShmConsumerIdleNs)
-      : c_(c), data_(data), idle_ns_(idle_ns) {
+  ShmRingProducer(ShmRingControl* c, uint8_t* data, int64_t idle_ns = kShmConsumerIdleNs,
+                  int64_t unrung_check_ns = kShmUnrungCheckNs)
+      : c_(c), data_(data), idle_ns_(idle_ns), unrung_check_ns_(unrung_check_ns) {
     tail_ = c->tail.load(std::memory_order_relaxed);
     head_seen_ = c->head.load(std::memory_order_relaxed);
   }
@@ -134,9 +143,32 @@ class ShmRingProducer {
     bool asleep = c_->consumer_asleep.load(std::memory_order_seq_cst) != 0;
     if (asleep && c_->consumer_asleep.exchange(0, std::memory_order_relaxed) == 0) return false;
     int64_t now = now_ns();
-    if (!asleep && now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= idle_ns_)
+    if (!asleep && now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= idle_ns_) {
+      if (unrung_since_ == 0) {
+        unrung_since_ = now;
+        unrung_until_ = tail_;
+      }
       return false;
+    }
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
+    unrung_since_ = 0;
+    return true;
+  }
+  // True when records published without a doorbell kShmUnrungCheckNs ago or more are still not
+  // taken: the consumer's application stopped polling after its last look (it waits elsewhere,
+  // e.g. spins on the memory a WRITE it waits for is to change) and the caller rings. Asked from
+  // the producer's own polls; reads the consumer's head only when such records wait.
+  bool UnrungStalled(int64_t now) {
+    if (unrung_since_ == 0 || now - unrung_since_ < unrung_check_ns_) return false;
+    head_seen_ = c_->head.load(std::memory_order_acquire);
+    if (head_seen_ - unrung_until_ < uint64_t{1} << 63) {  // those taken (head >= mark)
+      // Later ones, if any, get their own time.
+      unrung_since_ = head_seen_ == tail_ ? 0 : now;
+      unrung_until_ = tail_;
+      return false;
+    }
+    unrung_since_ = 0;
+    c_->consumer_seen_ns.store(now, std::memory_order_relaxed);  // a doorbell counts as a poll
     return true;
   }
   // Whether the consumer has not declared itself asleep (a look, no store).
@@ -166,6 +198,9 @@ class ShmRingProducer {
   ShmRingControl* c_ = nullptr;
   uint8_t* data_ = nullptr;
   int64_t idle_ns_ = kShmConsumerIdleNs;
+  int64_t unrung_check_ns_ = kShmUnrungCheckNs;
+  int64_t unrung_since_ = 0;   // when records were first published without a doorbell, 0: none
+  uint64_t unrung_until_ = 0;  // the tail then: all those records are taken once head reaches it
   uint64_t tail_ = 0;
   uint64_t head_seen_ = 0;  // the consumer's head when last read: room it has freed at least
   uint32_t reserved_ = 0;

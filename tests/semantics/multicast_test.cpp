@@ -19,6 +19,17 @@ ibv_gid Group(uint8_t last) {
   return g;
 }
 
+// The address of `group` (multicast LID `lid`) on port 1.
+ibv_ah_attr GroupAh(const ibv_gid& group, uint16_t lid) {
+  ibv_ah_attr attr{};
+  attr.is_global = 1;
+  attr.grh.dgid = group;
+  attr.grh.hop_limit = 64;
+  attr.dlid = lid;
+  attr.port_num = 1;
+  return attr;
+}
+
 int SendToGroup(Qp* from, const Buffer& b, ibv_ah* ah, uint64_t wr_id, uint32_t qkey) {
   SendArgs s;
   s.wr_id = wr_id;
@@ -47,12 +58,7 @@ TEST_F(Multicast, AttachedQpsReceiveGroupSendsUntilDetached) {
     size_t slot = r == r1 ? 0 : r == r2 ? 1 : 2;
     ASSERT_EQ(PostRecv(r->qp, *rbuf, slot * 4096, 1024, slot), 0);
   }
-  ibv_ah_attr attr{};
-  attr.is_global = 1;
-  attr.grh.dgid = group;
-  attr.grh.hop_limit = 64;
-  attr.dlid = 0xc001;
-  attr.port_num = 1;
+  ibv_ah_attr attr = GroupAh(group, 0xc001);
   ibv_ah* ah = v.AdoptAh(ibv_create_ah(v.pd, &attr));
   ASSERT_NE(ah, nullptr) << strerror(errno);
   std::memset(sbuf->data(), 0x5a, 64);
@@ -108,12 +114,7 @@ TEST_F(Multicast, ASenderThatBlocksLoopbackSkipsTheMembersOfItsOwnDevice) {
   Buffer* rbuf = Buf(2 * 4096);
   ASSERT_EQ(PostRecv(member->qp, *rbuf, 0, 1024, 1), 0);
   ASSERT_EQ(PostRecv(quiet->qp, *rbuf, 4096, 1024, 2), 0);
-  ibv_ah_attr attr{};
-  attr.is_global = 1;
-  attr.grh.dgid = group;
-  attr.grh.hop_limit = 64;
-  attr.dlid = 0xc002;
-  attr.port_num = 1;
+  ibv_ah_attr attr = GroupAh(group, 0xc002);
   ibv_ah* ah = v.AdoptAh(ibv_create_ah(v.pd, &attr));
   ASSERT_NE(ah, nullptr) << strerror(errno);
   ASSERT_EQ(SendToGroup(quiet, *sbuf, ah, 1, o.qkey), 0);

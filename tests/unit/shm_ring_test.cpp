@@ -111,6 +111,42 @@ TEST(ShmRing, AnAwakeConsumerThatStoppedPollingIsRung) {
   EXPECT_FALSE(r.Publish());
 }
 
+// Records published without a doorbell (the consumer had just polled) that it has not taken
+// kShmUnrungCheckNs later get one from the producer's next poll: ib_write_lat by frames waited for
+// the consumer's poll lease (0.2-1 ms) with every message, its receiver spinning on memory.
+TEST(ShmRing, RecordsLeftUntakenAfterTheLastPollAreRungForByTheProducer) {
+  RingFixture r;
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now)) << "nothing published: nothing to ring for";
+  r.rx.Seen(r.now);
+  EXPECT_TRUE(r.Put(kShmRecordAlign, 1));  // no doorbell: the application polls
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs - 1)) << "not yet";
+  r.now += kShmUnrungCheckNs;
+  EXPECT_TRUE(r.tx.UnrungStalled(r.now)) << "not taken since: the application looks elsewhere";
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs)) << "one doorbell per wait";
+  EXPECT_FALSE(r.Publish()) << "and the doorbell counts as a poll";
+
+  // Taken in time: no doorbell; records published meanwhile get their own time.
+  ASSERT_EQ(r.Take(), 1);
+  r.rx.Seen(r.now);
+  EXPECT_TRUE(r.Put(kShmRecordAlign, 2));
+  r.now += 10;
+  EXPECT_TRUE(r.Put(kShmRecordAlign, 3));
+  ASSERT_EQ(r.Take(), 2);
+  r.now += kShmUnrungCheckNs;
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now)) << "the consumer took what waited longest";
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs - 1));
+  EXPECT_TRUE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs)) << "record 3, untaken since";
+  ASSERT_EQ(r.Take(), 3);
+
+  // A record the consumer takes before the check leaves nothing waiting.
+  r.now += kShmUnrungCheckNs;
+  r.rx.Seen(r.now);
+  EXPECT_TRUE(r.Put(kShmRecordAlign, 4));
+  ASSERT_EQ(r.Take(), 4);
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs));
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + 3 * kShmUnrungCheckNs));
+}
+
 TEST(ShmRing, ATailMovedBeyondTheRingReadsAsMoreThanTheRingHolds) {
   RingFixture r;
   r.ctl.tail.store(uint64_t{kShmRingBytes} * 3);  // what a hostile producer may write
