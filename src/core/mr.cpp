@@ -42,15 +42,21 @@ bool OnDemand(const Mr& m) {
   return (m.access & IBV_ACCESS_ON_DEMAND) != 0;
 }
 
+// Regions peers reach by frames only: on demand, or over device memory (which is small and
+// addressed from 0 locally too; frames keep the direct paths to host addresses).
+bool StaysPrivate(const Mr& m) {
+  return OnDemand(m) || m.device_memory;
+}
+
 void PublishWindow(const Mr& m) {
-  if (OnDemand(m)) return;
+  if (StaysPrivate(m)) return;
   if (uint32_t rights = WindowRights(m))
     link::SharedWindows::Get().Publish(m.key, m.pd->handle, m.iova, m.addr, m.length, rights);
 }
 
 // Shares the region's pages (best effort) and notes the part its window will cover.
 void Share(Mr* m) {
-  if (OnDemand(*m)) return;
+  if (StaysPrivate(*m)) return;
   m->registration = link::SharedMemory::Get().Share(m->addr, m->length);
   uint64_t skip, len, offset;
   if (WindowRights(*m) &&
@@ -169,7 +175,7 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     *why = KeyCheck::kBadPd;
     return nullptr;
   }
-  uint64_t base = local ? reinterpret_cast<uint64_t>(m.addr) : m.iova;
+  uint64_t base = local && !m.device_memory ? reinterpret_cast<uint64_t>(m.addr) : m.iova;
   // Overflow-safe containment: va >= base and va + len <= base + length.
   if (va < base || va - base > m.length || len > m.length - (va - base)) {
     *why = KeyCheck::kBadRange;

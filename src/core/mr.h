@@ -26,6 +26,9 @@ struct Mr {
   uint64_t registration = 0;  // its link::SharedMemory registration id (never 0 once registered)
   // Host bytes [reach_begin, reach_end) are in its window: same-host peers write them directly.
   uintptr_t reach_begin = 0, reach_end = 0;
+  // Registered over device memory (ibv_reg_dm_mr(3)): zero-based for local pieces too, which name
+  // offsets, not host addresses.
+  bool device_memory = false;
 };
 
 // A memory window: remote access to part of a region, under its own key. The key's upper 24 bits
@@ -159,11 +162,11 @@ class MrTable {
   }
   bool LookupInTable(uint32_t key, Mr* out, Cache* cache) const;
   // Resolve's checks of a local piece: `m` is `pd`'s, holds [va, va+len) (overflow-safe), grants
-  // `access`. An on-demand region is never answered here: Resolve checks that its pages are
-  // mapped.
+  // `access`. A region on demand or over device memory is never answered here: Resolve checks
+  // that the pages are mapped, or addresses the device memory from 0.
   static bool CoversLocal(const Mr& m, const Pd* pd, uint64_t va, uint64_t len, int access) {
     const uint64_t base = reinterpret_cast<uint64_t>(m.addr);
-    return m.pd == pd && !(m.access & IBV_ACCESS_ON_DEMAND) && va >= base &&
+    return m.pd == pd && !(m.access & IBV_ACCESS_ON_DEMAND) && !m.device_memory && va >= base &&
            va - base <= m.length && len <= m.length - (va - base) && (m.access & access) == access;
   }
   // Whether same-host peers reach host bytes [va, va+len) of `m` directly.

@@ -147,6 +147,9 @@ pingpong_cases() {
 	pingpong_case ibv_rc_pingpong -o -P
 	pingpong_case ibv_rc_pingpong -O
 	pingpong_case ibv_rc_pingpong -O -P
+	# Device memory (-j; -c validates what arrived).
+	pingpong_case ibv_rc_pingpong -j
+	pingpong_case ibv_rc_pingpong -j -c
 	udp_link_case
 	xsrq_case 1 -n 100
 	xsrq_case 1 -n 100 -e

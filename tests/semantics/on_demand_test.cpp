@@ -38,34 +38,6 @@ struct PagesWithAHole {
   uint8_t* base = nullptr;
 };
 
-int PostSendFrom(ibv_qp* qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
-  ibv_sge s{addr, len, lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &s;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp, &wr, &bad);
-}
-
-// A local piece named by address and key (PostRdma takes a harness Buffer).
-int PostRdmaFrom(ibv_qp* qp, ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-                 uint64_t raddr, uint32_t rkey, uint64_t wr_id) {
-  ibv_sge s{addr, len, lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &s;
-  wr.num_sge = 1;
-  wr.opcode = op;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = raddr;
-  wr.wr.rdma.rkey = rkey;
-  ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp, &wr, &bad);
-}
-
 TEST_F(OnDemand, TheDeviceAdvertisesRegionsOnDemandForEveryTransport) {
   ibv_device_attr_ex attr{};
   ASSERT_EQ(ibv_query_device_ex(v.ctx, nullptr, &attr), 0);
@@ -131,7 +103,7 @@ TEST_F(OnDemand, ALocalPieceOnAPageNotMappedIsLocProtErr) {
     Pair(QpOpts{}, &a, &b);
     Buffer* rx = Buf(256);
     ASSERT_EQ(PostRecv(b->qp, *rx, 0, 256, 10), 0);
-    ASSERT_EQ(PostSendFrom(a->qp, hole, 32, mr->lkey, 1), 0);
+    ASSERT_EQ(PostPiece(a->qp, IBV_WR_SEND, {hole, 32, mr->lkey}, 0, 0, 1), 0);
     ibv_wc wc;
     ASSERT_TRUE(PollOne(a->scq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
@@ -174,8 +146,7 @@ TEST_F(OnDemand, AnImplicitRegionCoversEveryAddressThatIsMapped) {
     return reinterpret_cast<uintptr_t>(x.data());
   };
   ASSERT_EQ(
-      PostRdmaFrom(a->qp, IBV_WR_RDMA_WRITE, addr(from), 128, all->lkey, addr(to), all->rkey, 1),
-      0);
+      PostPiece(a->qp, IBV_WR_RDMA_WRITE, {addr(from), 128, all->lkey}, addr(to), all->rkey, 1), 0);
   ibv_wc wc;
   ASSERT_TRUE(PollOne(a->scq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
@@ -183,8 +154,8 @@ TEST_F(OnDemand, AnImplicitRegionCoversEveryAddressThatIsMapped) {
 
   PagesWithAHole pages;
   ASSERT_NE(pages.base, nullptr) << strerror(errno);
-  ASSERT_EQ(PostRdmaFrom(a->qp, IBV_WR_RDMA_WRITE, addr(from), 128, all->lkey,
-                         reinterpret_cast<uintptr_t>(pages.hole()), all->rkey, 2),
+  ASSERT_EQ(PostPiece(a->qp, IBV_WR_RDMA_WRITE, {addr(from), 128, all->lkey},
+                      reinterpret_cast<uintptr_t>(pages.hole()), all->rkey, 2),
             0);
   ASSERT_TRUE(PollOne(a->scq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);

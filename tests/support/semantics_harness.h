@@ -340,6 +340,19 @@ inline int PostRdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t of
   return Post(qp, s);
 }
 
+// One signaled work request of one piece named by address and key, not by a harness Buffer (an
+// offset into device memory, memory that regions on demand cover).
+inline int PostPiece(ibv_qp* qp, ibv_wr_opcode op, ibv_sge piece, uint64_t raddr, uint32_t rkey,
+                     uint64_t wr_id) {
+  SendArgs s;
+  s.opcode = op;
+  s.wr_id = wr_id;
+  s.sges = {piece};
+  s.remote_addr = raddr;
+  s.rkey = rkey;
+  return Post(qp, s);
+}
+
 inline int PostAtomic(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t off, uint64_t raddr,
                       uint32_t rkey, uint64_t compare_add, uint64_t swap, uint64_t wr_id,
                       unsigned flags = IBV_SEND_SIGNALED) {

@@ -66,6 +66,9 @@ void InstallContextOps(verbs_context* vctx) {
   vctx->query_port = QueryPortEx;
   vctx->query_device_ex = QueryDeviceEx;
   vctx->advise_mr = AdviseMr;
+  vctx->alloc_dm = AllocDm;
+  vctx->free_dm = FreeDm;
+  vctx->reg_dm_mr = RegDmMr;
   vctx->create_cq_ex = CreateCqEx;
   vctx->create_qp_ex = CreateQpEx;
   vctx->open_qp = OpenQp;

@@ -125,6 +125,7 @@ int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
   full.odp_caps.per_transport_caps.ud_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   full.xrc_odp_caps = kOnDemandOps;
+  full.max_dm_size = kMaxDeviceMemory;
   std::memcpy(attr, &full, attr_size < sizeof full ? attr_size : sizeof full);
   if (attr_size > sizeof full)
     std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);

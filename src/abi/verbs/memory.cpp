@@ -163,7 +163,7 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
   }
   core::Hca& hca = CoreOf(mr->context).hca();
   core::Mr m;
-  if (!hca.mrs().Get(mr->lkey, &m)) {
+  if (!hca.mrs().Get(mr->lkey, &m) || m.device_memory) {  // device memory: mlx5 refuses it too
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }
@@ -218,6 +218,7 @@ SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   // Read responses still queued may point into the region the caller is about to free.
   hca.SecureQueuedPayloads();
   --VerbsPd::From(mr->pd)->users;
+  if (VerbsDm* dm = VerbsMr::From(mr)->dm) --dm->users;
   delete VerbsMr::From(mr);
   return 0;
 }

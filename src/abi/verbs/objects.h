@@ -38,8 +38,20 @@ struct VerbsPd {
   static VerbsPd* From(ibv_pd* p) { return reinterpret_cast<VerbsPd*>(p); }
 };
 
+// Device memory (device_memory.cpp): the library's own pages, at most kMaxDeviceMemory bytes per
+// allocation (what ibv_query_device_ex says as max_dm_size).
+constexpr size_t kMaxDeviceMemory = size_t{256} << 10;
+struct VerbsDm {
+  ibv_dm ibv;
+  uint8_t* mem = nullptr;
+  size_t length = 0;
+  std::atomic<int> users{0};  // regions over it: ibv_free_dm answers EBUSY while any exist
+  static VerbsDm* From(ibv_dm* d) { return reinterpret_cast<VerbsDm*>(d); }
+};
+
 struct VerbsMr {
   ibv_mr ibv;
+  VerbsDm* dm = nullptr;  // registered over device memory (ibv_reg_dm_mr)
   static VerbsMr* From(ibv_mr* m) { return reinterpret_cast<VerbsMr*>(m); }
 };
 
@@ -133,6 +145,9 @@ int CloseXrcd(ibv_xrcd* xrcd);
 int QueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
                   ibv_device_attr_ex* attr, size_t attr_size);
 int QueryPortEx(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
+ibv_dm* AllocDm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int FreeDm(ibv_dm* dm);
+ibv_mr* RegDmMr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned int access);
 int AdviseMr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
              uint32_t num_sge);
 
