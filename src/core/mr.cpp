@@ -185,7 +185,7 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     *why = KeyCheck::kBadAccess;
     return nullptr;
   }
-  uint8_t* host = m.addr + (va - base);
+  uint8_t* host = HostAt(m, va - base);
   // An on-demand page that is not mapped faults on an HCA too, and the access fails.
   if (OnDemand(m) && len > 0 && !link::IsMapped(host, len)) {
     *why = KeyCheck::kBadRange;
@@ -237,7 +237,7 @@ uint8_t* MrTable::ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, u
     return nullptr;
   }
   *why = KeyCheck::kOk;
-  return m->second.addr + w.offset + (va - w.base);
+  return HostAt(m->second, w.offset + (va - w.base));
 }
 
 uint32_t MrTable::AllocMw(const Pd* pd, int type) {

@@ -46,6 +46,12 @@ struct Mw {
   uint32_t qpn = 0;  // type 2: the only QP through which it may be reached
 };
 
+// The host address `offset` bytes into `m`. By integer: an implicit region on demand starts at
+// address 0, and arithmetic on a null pointer is undefined.
+inline uint8_t* HostAt(const Mr& m, uint64_t offset) {
+  return reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(m.addr) + offset);
+}
+
 enum class KeyCheck { kOk, kBadKey, kBadPd, kBadRange, kBadAccess };
 
 class MrTable {
