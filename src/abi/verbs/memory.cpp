@@ -101,7 +101,8 @@ int AdviseMr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* s
   if (!pd || (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) || (num_sge > 0 && !sg_list))
     return EINVAL;
   int populate;
-  switch (advice) {
+  // By number: a C caller may pass any (C++ code cannot form an advice outside the enum's range).
+  switch (static_cast<uint32_t>(advice)) {
     case IBV_ADVISE_MR_ADVICE_PREFETCH:
       populate = kPopulateRead;
       break;
