@@ -309,12 +309,12 @@ int LateWriter(ChildPipe p, QpOpts o) {
 
 // Waits up to 3 s, spinning, for the last byte of round `round` of LateWriter.
 bool SpinFor(const std::vector<uint64_t>& target, uint8_t round) {
-  volatile const uint8_t* last = reinterpret_cast<const uint8_t*>(target.data()) + 7;
+  const uint8_t* last = reinterpret_cast<const uint8_t*>(target.data()) + 7;
   const uint8_t want = static_cast<uint8_t>(0x10 * round + 7);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (*last != want && std::chrono::steady_clock::now() < until) {
+  while (Peek(last) != want && std::chrono::steady_clock::now() < until) {
   }
-  return *last == want;
+  return Peek(last) == want;
 }
 
 // An application that polls its CQ and then waits on memory (ib_write_lat) is still polling as far

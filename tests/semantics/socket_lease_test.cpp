@@ -69,13 +69,6 @@ int BusyWriter(ChildPipe p, QpOpts o) {
   return 0;
 }
 
-// An application spinning on memory reads what the HCA writes (here our own progress thread)
-// outside the program's synchronization, as ib_write_lat does: ThreadSanitizer is told not to
-// judge that read (it reported the race the test is made of).
-__attribute__((noinline, no_sanitize("thread"))) uint8_t Peek(const uint8_t* p) {
-  return *reinterpret_cast<const volatile uint8_t*>(p);
-}
-
 class SocketLease : public VerbsTest {};
 
 // Polls (taking the lease), then spins on memory for a WRITE, as ib_write_lat and riostream do.
