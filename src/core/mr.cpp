@@ -48,6 +48,13 @@ bool StaysPrivate(const Mr& m) {
   return OnDemand(m) || m.device_memory;
 }
 
+// Whether the `len` bytes at `host` of `m` may be touched: an on-demand page that is not mapped
+// faults on an HCA too, and the access fails. Every path to a region's bytes asks (Resolve, and
+// windows bound to it).
+bool PagesThere(const Mr& m, const uint8_t* host, uint64_t len) {
+  return !OnDemand(m) || len == 0 || link::IsMapped(host, len);
+}
+
 void PublishWindow(const Mr& m) {
   if (StaysPrivate(m)) return;
   if (uint32_t rights = WindowRights(m))
@@ -186,8 +193,7 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     return nullptr;
   }
   uint8_t* host = HostAt(m, va - base);
-  // An on-demand page that is not mapped faults on an HCA too, and the access fails.
-  if (OnDemand(m) && len > 0 && !link::IsMapped(host, len)) {
+  if (!PagesThere(m, host, len)) {
     *why = KeyCheck::kBadRange;
     return nullptr;
   }
@@ -236,8 +242,13 @@ uint8_t* MrTable::ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, u
     *why = KeyCheck::kBadKey;
     return nullptr;
   }
+  uint8_t* host = HostAt(m->second, w.offset + (va - w.base));
+  if (!PagesThere(m->second, host, len)) {
+    *why = KeyCheck::kBadRange;
+    return nullptr;
+  }
   *why = KeyCheck::kOk;
-  return HostAt(m->second, w.offset + (va - w.base));
+  return host;
 }
 
 uint32_t MrTable::AllocMw(const Pd* pd, int type) {

@@ -90,6 +90,36 @@ TEST_F(OnDemand, ARegionOverPagesNotMappedYetWorksOnceTheyAre) {
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
+// A window bound to a region on demand reaches the same pages, with the same check.
+TEST_F(OnDemand, AWindowOverAPageNotMappedIsRemAccessErr) {
+  PagesWithAHole pages;
+  ASSERT_NE(pages.base, nullptr) << strerror(errno);
+  ibv_mr* mr = ibv_reg_mr(v.pd, pages.base, 3 * pages.page, kOnDemandAccess | IBV_ACCESS_MW_BIND);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  Qp *a, *b;
+  Pair(QpOpts{}, &a, &b);
+  ibv_mw* mw = ibv_alloc_mw(v.pd, IBV_MW_TYPE_1);
+  ASSERT_NE(mw, nullptr) << strerror(errno);
+  ibv_mw_bind mb{};
+  mb.send_flags = IBV_SEND_SIGNALED;
+  mb.bind_info = ibv_mw_bind_info{mr, reinterpret_cast<uintptr_t>(pages.base), 3 * pages.page,
+                                  IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(ibv_bind_mw(b->qp, mw, &mb), 0);
+  ibv_wc wc;
+  ASSERT_TRUE(PollOne(b->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  Buffer* local = Buf(64);
+  ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *local, 0, 64,
+                     reinterpret_cast<uintptr_t>(pages.hole()), mw->rkey, 1),
+            0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
+  ASSERT_EQ(v.DestroyQp(a), 0);
+  ASSERT_EQ(v.DestroyQp(b), 0);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
 // A SEND gathered from, or received into, a page of the region that is not mapped is the local
 // side's protection error.
 TEST_F(OnDemand, ALocalPieceOnAPageNotMappedIsLocProtErr) {
