@@ -79,18 +79,7 @@ ibv_mr* RegDmMr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned
   m.access = static_cast<int>(access);
   m.device_memory = true;
   const uint32_t key = CoreOf(pd->context).hca().mrs().Insert(m);
-  auto* mr = new VerbsMr{};
-  mr->ibv.context = pd->context;
-  mr->ibv.pd = pd;
-  mr->ibv.addr = nullptr;  // zero-based
-  mr->ibv.length = length;
-  mr->ibv.handle = key;
-  mr->ibv.lkey = key;
-  mr->ibv.rkey = key;
-  mr->dm = d;
-  ++d->users;
-  ++p->users;
-  return &mr->ibv;
+  return VerbsMr::Make(pd, key, nullptr, length, d);  // addr 0: zero-based
 }
 
 }  // namespace softrdma::abi

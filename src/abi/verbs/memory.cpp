@@ -78,17 +78,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   m.length = length;
   m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
   m.access = static_cast<int>(access & kKnownAccess);
-  auto* mr = new VerbsMr{};
-  uint32_t key = hca.mrs().Insert(m);
-  mr->ibv.context = pd->context;
-  mr->ibv.pd = pd;
-  mr->ibv.addr = addr;
-  mr->ibv.length = length;
-  mr->ibv.handle = key;
-  mr->ibv.lkey = key;
-  mr->ibv.rkey = key;
-  ++p->users;
-  return &mr->ibv;
+  return VerbsMr::Make(pd, hca.mrs().Insert(m), addr, length);
 }
 
 namespace softrdma::abi {

@@ -53,6 +53,21 @@ struct VerbsMr {
   ibv_mr ibv;
   VerbsDm* dm = nullptr;  // registered over device memory (ibv_reg_dm_mr)
   static VerbsMr* From(ibv_mr* m) { return reinterpret_cast<VerbsMr*>(m); }
+  // The application's handle of region `key` (lkey == rkey), counted as a user of `pd` and `dm`.
+  static ibv_mr* Make(ibv_pd* pd, uint32_t key, void* addr, size_t length, VerbsDm* dm = nullptr) {
+    auto* mr = new VerbsMr{};
+    mr->ibv.context = pd->context;
+    mr->ibv.pd = pd;
+    mr->ibv.addr = addr;
+    mr->ibv.length = length;
+    mr->ibv.handle = key;
+    mr->ibv.lkey = key;
+    mr->ibv.rkey = key;
+    mr->dm = dm;
+    if (dm) ++dm->users;
+    ++VerbsPd::From(pd)->users;
+    return &mr->ibv;
+  }
 };
 
 struct VerbsMw {
