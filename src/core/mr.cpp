@@ -48,11 +48,13 @@ bool StaysPrivate(const Mr& m) {
   return OnDemand(m) || m.device_memory;
 }
 
-// Whether the `len` bytes at `host` of `m` may be touched: an on-demand page that is not mapped
-// faults on an HCA too, and the access fails. Every path to a region's bytes asks (Resolve, and
-// windows bound to it).
-bool PagesThere(const Mr& m, const uint8_t* host, uint64_t len) {
-  return !OnDemand(m) || len == 0 || link::IsMapped(host, len);
+// Whether the `len` bytes at `host` of `m` may be touched for `access`: an on-demand page that is
+// not mapped, or not writable for a write, faults on an HCA too, and the access fails. Every path
+// to a region's bytes asks (Resolve, and windows bound to it).
+bool PagesThere(const Mr& m, const uint8_t* host, uint64_t len, int access) {
+  constexpr int kWrites =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  return !OnDemand(m) || link::CanAccess(host, len, (access & kWrites) != 0);
 }
 
 void PublishWindow(const Mr& m) {
@@ -193,7 +195,7 @@ uint8_t* MrTable::Resolve(uint32_t key, const Pd* pd, uint64_t va, uint64_t len,
     return nullptr;
   }
   uint8_t* host = HostAt(m, va - base);
-  if (!PagesThere(m, host, len)) {
+  if (!PagesThere(m, host, len, access)) {
     *why = KeyCheck::kBadRange;
     return nullptr;
   }
@@ -243,7 +245,7 @@ uint8_t* MrTable::ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, u
     return nullptr;
   }
   uint8_t* host = HostAt(m->second, w.offset + (va - w.base));
-  if (!PagesThere(m->second, host, len)) {
+  if (!PagesThere(m->second, host, len, access)) {
     *why = KeyCheck::kBadRange;
     return nullptr;
   }

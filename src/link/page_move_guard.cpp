@@ -50,6 +50,13 @@ void PassOn(int sig, siginfo_t* info, void* context) {
   signal(sig, SIG_DFL);
 }
 
+void WaitWhileMoving() {
+  while (g_moving.load(std::memory_order_acquire)) {
+    timespec bound{0, 1'000'000};  // a wake-up lost to a race costs at most this
+    syscall(SYS_futex, &g_moving, FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
+  }
+}
+
 void OnFault(int sig, siginfo_t* info, void* context) {
   const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
   if (info->si_code == SEGV_ACCERR && a >= g_lo.load(std::memory_order_acquire) &&
@@ -62,10 +69,7 @@ void OnFault(int sig, siginfo_t* info, void* context) {
       if (mprotect(reinterpret_cast<void*>(page), 1, PROT_READ | PROT_WRITE) == 0) return;
       return PassOn(sig, info, context);
     }
-    while (g_moving.load(std::memory_order_acquire)) {
-      timespec bound{0, 1'000'000};  // a wake-up lost to a race costs at most this
-      syscall(SYS_futex, &g_moving, FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
-    }
+    WaitWhileMoving();
     if (NowNs() - g_ended_ns.load(std::memory_order_acquire) < kLateFaultNs) return;  // write again
   }
   PassOn(sig, info, context);
@@ -109,6 +113,16 @@ PageMoveGuard::PageMoveGuard(uintptr_t start, size_t len) : on_(Install()) {
   if (mprotect(reinterpret_cast<void*>(start), len, PROT_READ) == 0) return;
   EndMove(false);
   on_ = false;
+}
+
+bool PageMoveGuard::AwaitMoveOver() {
+  if (g_moving.load(std::memory_order_acquire)) {
+    if (g_mover.load(std::memory_order_relaxed) == ThreadId()) return false;
+    WaitWhileMoving();
+    return true;
+  }
+  // One that ended just now may have been the refusal's cause: as a late fault in OnFault.
+  return NowNs() - g_ended_ns.load(std::memory_order_acquire) < kLateFaultNs;
 }
 
 PageMoveGuard::~PageMoveGuard() {

@@ -27,6 +27,9 @@ class PageMoveGuard {
   bool ok() const { return on_; }
   // The pages are in their new home, writable there.
   void Moved() { moved_ = true; }
+  // Waits for the move on, if any (a system call refused its read-only pages); false when none was
+  // on or ended just before.
+  static bool AwaitMoveOver();
 
  private:
   bool on_;

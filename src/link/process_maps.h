@@ -34,5 +34,12 @@ bool MapsQueryWorks();
 // Whether every page of [addr, addr+length) is mapped, by one system call that touches none of
 // them (msync says ENOMEM for a hole): what the kernel's pinning answers with EFAULT.
 bool IsMapped(const void* addr, uint64_t length);
+// Whether every page of [addr, addr+length) may be read (`write`: written): false for a hole or a
+// mapping without that protection. Asked of the mappings (PROCMAP_QUERY, Linux 6.11), else by
+// faulting the pages in as the kernel's pinning does (MADV_POPULATE_READ/WRITE, Linux 5.14, which
+// also refuses a page past the end of its file); older kernels answer IsMapped's question only.
+// `source` kText: without the query; kQuery: without faulting pages in.
+bool CanAccess(const void* addr, uint64_t length, bool write,
+               MapsSource source = MapsSource::kBest);
 
 }  // namespace softrdma::link

@@ -7,6 +7,8 @@
 // The fixture's TearDown deallocates the PD and expects 0: a refused create that still counted a
 // user of the PD (or of the CQ) shows up there as EBUSY.
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -297,6 +299,32 @@ TEST_F(BadInput, RegMrRangeThatWrapsTheAddressSpaceIsEinval) {
                          IBV_ACCESS_LOCAL_WRITE),
             IBV_REREG_MR_ERR_INPUT);
   EXPECT_EQ(errno, EINVAL);
+}
+
+// The kernel pins a region's pages, for writing when it may be written (ib_access_writable), and
+// says EFAULT when their protection refuses that. Accepted, a peer's WRITE into the read-only page
+// killed the responder (SIGSEGV); a page nobody may touch failed already at its first READ.
+TEST_F(BadInput, RegMrOverPagesWithoutTheProtectionItsAccessNeedsIsEfault) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED) << strerror(errno);
+  EXPECT_FAILS_WITH(ibv_reg_mr(pd_, p, 2 * page, int{IBV_ACCESS_LOCAL_WRITE}), EFAULT);
+  EXPECT_FAILS_WITH(ibv_reg_mr(pd_, p, 2 * page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+                    EFAULT);
+  EXPECT_FAILS_WITH(ibv_reg_mr(pd_, p, 2 * page, int{IBV_ACCESS_MW_BIND}), EFAULT);
+  ibv_mr* ro = ibv_reg_mr(pd_, p, 2 * page, int{IBV_ACCESS_REMOTE_READ});
+  ASSERT_NE(ro, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(ro), 0);
+  // A translation onto those pages, for a region that may be written: refused, and the region is
+  // still the one it was.
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr_, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, p, page, 0),
+            IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, EFAULT);
+  EXPECT_EQ(mr_->addr, buf_.data());
+  ASSERT_EQ(mprotect(p, 2 * page, PROT_NONE), 0) << strerror(errno);
+  EXPECT_FAILS_WITH(ibv_reg_mr(pd_, p, 2 * page, int{IBV_ACCESS_REMOTE_READ}), EFAULT);
+  munmap(p, 2 * page);
 }
 
 TEST_F(BadInput, ReregMrWithBadFlagsIsInputError) {

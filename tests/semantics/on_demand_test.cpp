@@ -158,6 +158,51 @@ TEST_F(OnDemand, ALocalPieceOnAPageNotMappedIsLocProtErr) {
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
+// A page the application made read-only takes READs but not WRITEs or atomics, one it made
+// inaccessible nothing: the HCA's page fault fails, the requester gets REM_ACCESS_ERR. Before, the
+// responder's copy into such a page killed the process (SIGSEGV).
+TEST_F(OnDemand, APageWithoutTheProtectionAnAccessNeedsIsRemAccessErr) {
+  PagesWithAHole pages;
+  ASSERT_NE(pages.base, nullptr) << strerror(errno);
+  ASSERT_TRUE(pages.Fill()) << strerror(errno);
+  ibv_mr* mr = ibv_reg_mr(v.pd, pages.base, 3 * pages.page, kOnDemandAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  pages.hole()[8] = 0x71;
+  ASSERT_EQ(mprotect(pages.hole(), pages.page, PROT_READ), 0) << strerror(errno);
+  const uint64_t ro = reinterpret_cast<uintptr_t>(pages.hole());
+  Buffer* local = Buf(64);
+  local->Fill(0x3c);
+  ibv_wc wc;
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *local, 0, 16, ro, mr->rkey, 1), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    EXPECT_EQ(local->data()[8], 0x71);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *local, 0, 64, ro, mr->rkey, 2), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
+  }
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ASSERT_EQ(PostAtomic(a->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *local, 0, ro, mr->rkey, 1, 0, 3), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
+  }
+  EXPECT_EQ(pages.hole()[8], 0x71);
+  ASSERT_EQ(mprotect(pages.hole(), pages.page, PROT_NONE), 0) << strerror(errno);
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *local, 0, 16, ro, mr->rkey, 4), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
+  }
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
 // ibv_reg_mr(pd, NULL, SIZE_MAX, ...ON_DEMAND): one key for every address of the process.
 TEST_F(OnDemand, AnImplicitRegionCoversEveryAddressThatIsMapped) {
   errno = 0;

@@ -1,5 +1,6 @@
 // link/process_maps.h: the mappings of a range, asked of the kernel by address (PROCMAP_QUERY) and
-// read from the text of /proc/self/maps, must be the same, holes included.
+// read from the text of /proc/self/maps, must be the same, holes included; so must the answers
+// about access to a range, asked of the mappings or by faulting the pages in.
 #include "link/process_maps.h"
 
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 
 namespace {
 
+using softrdma::link::CanAccess;
 using softrdma::link::ForEachMapping;
 using softrdma::link::Mapping;
 using softrdma::link::MapsQueryWorks;
@@ -77,6 +79,36 @@ TEST(ProcessMaps, TheQueryAndTheTextAgree) {
   std::free(heap);
   munmap(base, 5 * page);
   close(fd);
+}
+
+// What an access to application memory may do (the check before a region on demand is touched,
+// and at registration): a read needs a readable mapping, a write a writable one, and a hole fails
+// both; asked of the mappings and by faulting the pages in, with the same answers.
+TEST(ProcessMaps, AccessIsAskedOfEveryMappingTheRangeCovers) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Five pages: read-write, read-only, nothing allowed, a hole, read-write.
+  auto* base = static_cast<uint8_t*>(
+      mmap(nullptr, 5 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(base, MAP_FAILED);
+  ASSERT_EQ(mprotect(base + page, page, PROT_READ), 0);
+  ASSERT_EQ(mprotect(base + 2 * page, page, PROT_NONE), 0);
+  ASSERT_EQ(munmap(base + 3 * page, page), 0);
+  std::vector<MapsSource> ways = {MapsSource::kText};
+  if (MapsQueryWorks()) ways.push_back(MapsSource::kQuery);
+  for (MapsSource way : ways) {
+    const char* how = way == MapsSource::kQuery ? "asked of the mappings" : "by faulting in";
+    EXPECT_TRUE(CanAccess(base, page, true, way)) << how;
+    EXPECT_TRUE(CanAccess(base + 10, page, false, way)) << how << ": read-write, then read-only";
+    EXPECT_FALSE(CanAccess(base + 10, page, true, way)) << how;
+    EXPECT_TRUE(CanAccess(base + page, page, false, way)) << how;
+    EXPECT_FALSE(CanAccess(base + page + 1, 1, true, way)) << how;
+    EXPECT_FALSE(CanAccess(base + 2 * page, 1, false, way)) << how << ": PROT_NONE";
+    EXPECT_FALSE(CanAccess(base + 3 * page, 1, false, way)) << how << ": the hole";
+    EXPECT_FALSE(CanAccess(base, 5 * page, false, way)) << how << ": across all";
+    EXPECT_TRUE(CanAccess(base + 4 * page, page, true, way)) << how;
+    EXPECT_TRUE(CanAccess(base + 2 * page, 0, true, way)) << how << ": nothing to touch";
+  }
+  munmap(base, 5 * page);
 }
 
 }  // namespace

@@ -39,6 +39,15 @@ bool IsImplicitOnDemand(const void* addr, size_t length, unsigned access) {
   return !addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND);
 }
 
+// Whether the pages of an ordinary region exist with the protection its access needs: the kernel
+// pins them, for writing when the region may be written (ib_access_writable), and says EFAULT
+// otherwise; unchecked, a peer's WRITE into a read-only page crashed the responder.
+bool PagesUsable(const void* addr, size_t length, unsigned access) {
+  constexpr unsigned kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+  return (access & IBV_ACCESS_ON_DEMAND) || link::CanAccess(addr, length, access & kWritable);
+}
+
 }  // namespace
 
 SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
@@ -66,10 +75,8 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   // accepted, an in-bounds remote offset would land below `addr`.
   if (length > UINTPTR_MAX - reinterpret_cast<uintptr_t>(addr)) return Fail<ibv_mr>(EINVAL);
   if (int r = CheckAccess(access)) return Fail<ibv_mr>(r);
-  // The kernel pins the pages and says EFAULT for memory that is not mapped; msync() asks the
-  // same question without touching the pages. On-demand pages need not exist until used.
-  if (!(access & IBV_ACCESS_ON_DEMAND) && !link::IsMapped(addr, length))
-    return Fail<ibv_mr>(EFAULT);
+  // On-demand pages need not exist until used.
+  if (!PagesUsable(addr, length, access)) return Fail<ibv_mr>(EFAULT);
   VerbsPd* p = VerbsPd::From(pd);
   core::Hca& hca = CoreOf(pd->context).hca();
   core::Mr m{};
@@ -182,12 +189,18 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     m.addr = static_cast<uint8_t*>(addr);
     m.length = length;
     m.iova = reinterpret_cast<uintptr_t>(addr);
-    mr->addr = addr;
-    mr->length = length;
   }
   if (!m.addr && !(m.access & IBV_ACCESS_ON_DEMAND)) {
     errno = EINVAL;  // the whole address space is a region on demand only
     return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (m.addr && !PagesUsable(m.addr, m.length, static_cast<unsigned>(m.access))) {
+    errno = EFAULT;  // as at registration; the kernel's command fails, the region stays as it was
+    return IBV_REREG_MR_ERR_CMD;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->addr = addr;
+    mr->length = length;
   }
   m.pd = &new_pd->core;
   hca.mrs().Update(mr->lkey, m);
