@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "cm/cm.h"
 #include "cm/ip_address.h"
 #include "core/log.h"
+#include "core/unpredictable.h"
 
 namespace softrdma::cm {
 
@@ -38,8 +38,7 @@ size_t MaxAcceptData(const CmId* id) {
 }
 
 uint32_t RandomPsn() {
-  static thread_local std::mt19937 rng{std::random_device{}()};
-  return rng() & 0xffffff;
+  return core::UnpredictableU32() & 0xffffff;
 }
 
 void EraseEventsOf(EventChannel* c, CmId* id, std::vector<CmEvent*>* out) {

@@ -4,22 +4,13 @@
 
 #include <algorithm>
 #include <mutex>
-#include <random>
 
+#include "core/unpredictable.h"
 #include "link/process_maps.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {
-namespace {
-
-uint32_t RandomKey() {
-  static thread_local std::mt19937 gen(std::random_device{}());
-  return static_cast<uint32_t>(gen());
-}
-
-}  // namespace
-
 namespace {
 
 constexpr int kRemoteRights =
@@ -90,7 +81,7 @@ uint32_t MrTable::Insert(const Mr& mr) {
   {
     std::unique_lock<std::shared_mutex> g(mu_);
     for (;;) {
-      uint32_t key = RandomKey();
+      uint32_t key = UnpredictableU32();
       if (key == 0 || key == link::kWindowTombstone || by_key_.count(key) || mws_.count(key >> 8))
         continue;  // 0 stays invalid so it never matches by chance; windows own their 24 bits
       m.key = key;
@@ -256,13 +247,13 @@ uint8_t* MrTable::ResolveWindowLocked(uint32_t key, const Pd* pd, uint64_t va, u
 uint32_t MrTable::AllocMw(const Pd* pd, int type) {
   std::unique_lock<std::shared_mutex> g(mu_);
   for (;;) {
-    uint32_t index = RandomKey() & kMwIndexMask;
+    uint32_t index = UnpredictableU32() & kMwIndexMask;
     // Index 0 would give key 0; the last index's last tag is the window table's tombstone.
     if (index == 0 || index == kMwIndexMask || mws_.count(index)) continue;
     bool taken = false;
     for (const auto& [key, mr] : by_key_) taken = taken || (key >> 8) == index;
     if (taken) continue;
-    uint32_t rkey = index << 8 | (RandomKey() & 0xff);
+    uint32_t rkey = index << 8 | (UnpredictableU32() & 0xff);
     mws_.emplace(index, Mw{pd, type, rkey});
     return rkey;
   }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -233,6 +234,39 @@ TEST(ForkAtStartUp, AForkRightAfterTheDeviceOpensLeavesTheChildAWorkingProgressT
                       kRounds, std::chrono::seconds(30)),
       0)
       << "of " << kRounds;
+}
+
+// Memory keys are the only check on a remote access: a fork child drew the very keys its parent
+// drew next (the generator's state was copied), so an rkey the parent handed out could open the
+// child's region. Parent and child now draw from generators seeded apart.
+TEST_F(ForkObjects, AChildDrawsOtherMemoryKeysThanItsParent) {
+  std::vector<uint8_t> mem(4096);
+  ibv_mr* before = ibv_reg_mr(v.pd, mem.data(), mem.size(), kAllAccess);  // seeds the generator
+  ASSERT_NE(before, nullptr);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([&mem](int up, int) {
+    Verbs cv;
+    if (!cv.Open()) return 2;
+    uint32_t keys[4];
+    for (uint32_t& k : keys) {
+      ibv_mr* mr = ibv_reg_mr(cv.pd, mem.data(), mem.size(), kAllAccess);
+      if (!mr) return 3;
+      k = mr->rkey;
+    }
+    return WriteAll(up, keys, sizeof keys) ? 0 : 4;
+  }));
+  uint32_t theirs[4];
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_EQ(WEXITSTATUS(child.Wait()), 0);
+  int same = 0;
+  for (uint32_t k : theirs) {
+    ibv_mr* mr = ibv_reg_mr(v.pd, mem.data(), mem.size(), kAllAccess);
+    ASSERT_NE(mr, nullptr);
+    same += mr->rkey == k;
+    EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  }
+  EXPECT_EQ(same, 0) << "the child's keys repeat the parent's";
+  EXPECT_EQ(ibv_dereg_mr(before), 0);
 }
 
 }  // namespace
