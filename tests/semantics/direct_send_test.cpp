@@ -7,6 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -18,10 +19,12 @@
 #include "support/semantics_harness.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -250,16 +253,43 @@ TEST_F(DirectSend, ASmallMessageIsScatteredOverTheReceiveWqesPiecesToo) {
   EXPECT_EQ(region.p[8192 + 13], 0) << "the third piece was written beyond the message";
 }
 
-// A new descriptor of this process's memfd named `name`, -1 if there is none.
-int OwnMemfd(const char* name) {
+// Descriptors of the memfds named `name` this process holds: its own, and those its same-host peers
+// passed it (PeerWindows keeps them open). Which number is whose says nothing: numbers are reused.
+std::vector<int> Memfds(const char* name) {
   const std::string want = std::string("/memfd:") + name + " (deleted)";
-  for (int fd = 0; fd < 1024; ++fd) {
+  std::vector<int> fds;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return fds;
+  while (dirent* e = readdir(d)) {
     char link[256];
-    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
     const ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
-    if (n > 0 && std::string(link, static_cast<size_t>(n)) == want) return dup(fd);
+    if (n > 0 && std::string(link, static_cast<size_t>(n)) == want)
+      fds.push_back(std::atoi(e->d_name));
   }
-  return -1;
+  closedir(d);
+  return fds;
+}
+
+// This process's own table, mapped as a peer maps it: the one whose receive queue `qpn` publishes
+// WQE `t` over `sge` (a peer's table may hold a queue of the same number).
+std::unique_ptr<softrdma::link::PeerWindows> MapOwnTable(uint32_t qpn, const ibv_sge& sge) {
+  namespace dr = softrdma::link::direct_recv;
+  const std::vector<int> arenas = Memfds("softrdma-mem");
+  if (arenas.empty()) return nullptr;
+  for (int table : Memfds("softrdma-windows")) {
+    std::unique_ptr<softrdma::link::PeerWindows> mapped(
+        softrdma::link::PeerWindows::Map(dup(table), dup(arenas[0])));
+    uint64_t taken = 0;
+    softrdma::link::DirectRecvQueue* block = mapped ? mapped->OpenRecvQueue(qpn, &taken) : nullptr;
+    if (!block) continue;
+    const uint32_t t = dr::TakenCount(taken);
+    const softrdma::link::DirectRecvSlot& s = block->slots[t % softrdma::link::kDirectRecvSlots];
+    if (dr::Is(s.state.load(), dr::kPosted, t) && s.sge[0].key == sge.lkey &&
+        s.sge[0].addr == sge.addr)
+      return mapped;
+  }
+  return nullptr;
 }
 
 // An inline SEND is gathered from its pieces (an empty one without an address among them), into
@@ -296,10 +326,9 @@ TEST_F(DirectSend, AMessageInTheSlotClaimingMoreBytesThanItHoldsWritesNoMore) {
   ASSERT_EQ(wc.wr_id, 4u);
   std::memset(region.p + 4096, 0, 8);
   ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 256)}, 5), 0);
-  // The library's table and arena (its own, not this binary's copy of the code).
-  std::unique_ptr<softrdma::link::PeerWindows> peer(
-      softrdma::link::PeerWindows::Map(OwnMemfd("softrdma-windows"), OwnMemfd("softrdma-mem")));
-  ASSERT_NE(peer, nullptr);
+  // The library's table (its own, not this binary's copy of the code).
+  std::unique_ptr<softrdma::link::PeerWindows> peer = MapOwnTable(q->qpn(), region.Sge(0, 256));
+  ASSERT_NE(peer, nullptr) << "the receive queue is not open to a same-host peer";
   uint64_t taken = 0;
   softrdma::link::DirectRecvQueue* block = peer->OpenRecvQueue(q->qpn(), &taken);
   ASSERT_NE(block, nullptr) << "the receive queue is not open to a same-host peer";
