@@ -150,14 +150,12 @@ bool IsMapped(const void* addr, uint64_t length) {
 
 namespace {
 
-constexpr int kPopulateRead = 22, kPopulateWrite = 23;  // MADV_POPULATE_READ, _WRITE
-
 bool PopulateWorks() {
   static const bool works = [] {
     static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     int probe = 0;
     const uintptr_t at = reinterpret_cast<uintptr_t>(&probe) & ~(page - 1);
-    return madvise(reinterpret_cast<void*>(at), page, kPopulateRead) == 0;
+    return madvise(reinterpret_cast<void*>(at), page, kMadvPopulateRead) == 0;
   }();
   return works;
 }
@@ -199,8 +197,7 @@ Answer AccessibleByQuery(uintptr_t start, uintptr_t end, bool write) {
       g_query_fd.store(0, std::memory_order_release);
       return Answer::kCannotTell;
     }
-    if (!(q.vma_flags & kVmaReadable) || (write && !(q.vma_flags & kVmaWritable)))
-      return Answer::kNo;
+    if (!(q.vma_flags & (write ? kVmaWritable : kVmaReadable))) return Answer::kNo;
     covered = q.vma_end;
   }
   return Answer::kYes;
@@ -211,7 +208,7 @@ bool AccessibleByPopulate(uintptr_t start, uintptr_t end, bool write) {
   int r;
   do {
     r = madvise(reinterpret_cast<void*>(start), end - start,
-                write ? kPopulateWrite : kPopulateRead);
+                write ? kMadvPopulateWrite : kMadvPopulateRead);
   } while (r != 0 && errno == EINTR);
   return r == 0;
 }

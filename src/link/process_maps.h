@@ -34,6 +34,8 @@ bool MapsQueryWorks();
 // Whether every page of [addr, addr+length) is mapped, by one system call that touches none of
 // them (msync says ENOMEM for a hole): what the kernel's pinning answers with EFAULT.
 bool IsMapped(const void* addr, uint64_t length);
+// madvise(2) advice of Linux 5.14 that Debian 12's headers predate: fault the pages in.
+constexpr int kMadvPopulateRead = 22, kMadvPopulateWrite = 23;
 // Whether every page of [addr, addr+length) may be read (`write`: written): false for a hole or a
 // mapping without that protection. Asked of the mappings (PROCMAP_QUERY, Linux 6.11), else by
 // faulting the pages in as the kernel's pinning does (MADV_POPULATE_READ/WRITE, Linux 5.14, which

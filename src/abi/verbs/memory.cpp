@@ -94,17 +94,16 @@ namespace softrdma::abi {
 // ahead (MADV_POPULATE_*, Linux 5.14; best effort, as ibv_advise_mr(3) says).
 int AdviseMr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
              uint32_t num_sge) {
-  constexpr int kPopulateRead = 22, kPopulateWrite = 23;  // MADV_POPULATE_READ, _WRITE
   if (!pd || (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) || (num_sge > 0 && !sg_list))
     return EINVAL;
   int populate;
   // By number: a C caller may pass any (C++ code cannot form an advice outside the enum's range).
   switch (static_cast<uint32_t>(advice)) {
     case IBV_ADVISE_MR_ADVICE_PREFETCH:
-      populate = kPopulateRead;
+      populate = link::kMadvPopulateRead;
       break;
     case IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE:
-      populate = kPopulateWrite;
+      populate = link::kMadvPopulateWrite;
       break;
     case IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT:
       populate = 0;  // what is present is present to us already
@@ -194,7 +193,8 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     errno = EINVAL;  // the whole address space is a region on demand only
     return IBV_REREG_MR_ERR_INPUT;
   }
-  if (m.addr && !PagesUsable(m.addr, m.length, static_cast<unsigned>(m.access))) {
+  if ((flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS)) && m.addr &&
+      !PagesUsable(m.addr, m.length, static_cast<unsigned>(m.access))) {
     errno = EFAULT;  // as at registration; the kernel's command fails, the region stays as it was
     return IBV_REREG_MR_ERR_CMD;
   }
