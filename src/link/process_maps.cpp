@@ -69,40 +69,70 @@ bool ForEachMappingInText(uintptr_t start, uintptr_t end,
 
 enum class Query { kDone, kRefused, kUnsupported };
 
-// Opened per call: a descriptor kept across fork() would describe the parent's memory.
+// The maps file the queries go to, opened once per process: opening it costs ~6 us, a query ~0.9. A
+// descriptor from before fork() describes the parent's memory: the child opens its own. Its copy of
+// the parent's stays open (close-on-exec): the child may have closed that number already, and
+// another file may have it now. Holds pid << 32 | (fd + 1).
+std::atomic<uint64_t> g_query_fd{0};
+
+int QueryFd() {
+  const uint64_t pid = static_cast<uint32_t>(getpid());
+  uint64_t held = g_query_fd.load(std::memory_order_acquire);
+  if (held >> 32 == pid) return static_cast<int>(held & 0xffffffffu) - 1;
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (!g_query_fd.compare_exchange_strong(held, pid << 32 | static_cast<uint32_t>(fd + 1),
+                                          std::memory_order_acq_rel)) {
+    close(fd);  // another thread's is in: `held` now names it
+    return held >> 32 == pid ? static_cast<int>(held & 0xffffffffu) - 1 : -1;
+  }
+  return fd;
+}
+
+// Asked once the kernel answers (MapsQueryWorks): a failure other than a hole means the descriptor
+// is no longer ours (the application may close every descriptor it did not open). It is dropped,
+// not closed (its number may be another file's now), and one failing at the first question is
+// opened again once.
 Query ForEachMappingByQuery(uintptr_t start, uintptr_t end,
                             const std::function<bool(const Mapping&)>& fn) {
-  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Query::kUnsupported;
-  Query result = Query::kDone;
-  for (uintptr_t covered = start; covered < end;) {
-    Mapping m{};
-    ProcmapQuery q{};
-    q.size = sizeof q;
-    q.query_addr = covered;  // the mapping covering it, or ENOENT: a hole
-    q.vma_name_addr = reinterpret_cast<uintptr_t>(m.path);
-    q.vma_name_size = sizeof m.path;
-    if (ioctl(fd, kProcmapQuery, &q) != 0) {
-      result = errno == ENOENT ? Query::kRefused : Query::kUnsupported;
-      break;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = QueryFd();
+    if (fd < 0) return Query::kUnsupported;
+    Query result = Query::kDone;
+    bool stale = false;
+    for (uintptr_t covered = start; covered < end;) {
+      Mapping m{};
+      ProcmapQuery q{};
+      q.size = sizeof q;
+      q.query_addr = covered;  // the mapping covering it, or ENOENT: a hole
+      q.vma_name_addr = reinterpret_cast<uintptr_t>(m.path);
+      q.vma_name_size = sizeof m.path;
+      if (ioctl(fd, kProcmapQuery, &q) != 0) {
+        result = errno == ENOENT ? Query::kRefused : Query::kUnsupported;
+        if (result == Query::kUnsupported) {
+          g_query_fd.store(0, std::memory_order_release);
+          stale = covered == start;  // nothing was handed to `fn` yet: ask again
+        }
+        break;
+      }
+      m.start = q.vma_start;
+      m.end = q.vma_end;
+      m.perms[0] = (q.vma_flags & kVmaReadable) ? 'r' : '-';
+      m.perms[1] = (q.vma_flags & kVmaWritable) ? 'w' : '-';
+      m.perms[2] = (q.vma_flags & kVmaExecutable) ? 'x' : '-';
+      m.perms[3] = (q.vma_flags & kVmaShared) ? 's' : 'p';
+      m.offset = q.vma_offset;
+      m.inode = q.inode;
+      if (q.vma_name_size == 0) m.path[0] = '\0';
+      if (!fn(m)) {
+        result = Query::kRefused;
+        break;
+      }
+      covered = m.end;
     }
-    m.start = q.vma_start;
-    m.end = q.vma_end;
-    m.perms[0] = (q.vma_flags & kVmaReadable) ? 'r' : '-';
-    m.perms[1] = (q.vma_flags & kVmaWritable) ? 'w' : '-';
-    m.perms[2] = (q.vma_flags & kVmaExecutable) ? 'x' : '-';
-    m.perms[3] = (q.vma_flags & kVmaShared) ? 's' : 'p';
-    m.offset = q.vma_offset;
-    m.inode = q.inode;
-    if (q.vma_name_size == 0) m.path[0] = '\0';
-    if (!fn(m)) {
-      result = Query::kRefused;
-      break;
-    }
-    covered = m.end;
+    if (!stale) return result;
   }
-  close(fd);
-  return result;
+  return Query::kUnsupported;
 }
 
 }  // namespace
@@ -112,8 +142,12 @@ bool MapsQueryWorks() {
   if (works < 0) {
     // The first page of the stack is mapped in every process: a kernel with the query answers.
     int probe = 0;
-    const auto at = reinterpret_cast<uintptr_t>(&probe);
-    works = ForEachMappingByQuery(at, at + 1, [](const Mapping&) { return true; }) == Query::kDone;
+    ProcmapQuery q{};
+    q.size = sizeof q;
+    q.query_addr = reinterpret_cast<uintptr_t>(&probe);
+    const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    works = fd >= 0 && ioctl(fd, kProcmapQuery, &q) == 0;
+    if (fd >= 0) close(fd);
     g_query_works.store(works, std::memory_order_relaxed);
   }
   return works == 1;
@@ -160,47 +194,15 @@ bool PopulateWorks() {
   return works;
 }
 
-// The maps file the access checks query, opened once per process: opening it costs ~6 us, a query
-// ~0.9. A descriptor from before fork() describes the parent's memory: the child opens its own. Its
-// copy of the parent's stays open (close-on-exec): the child may have closed that number already,
-// and another file may have it now. Holds pid << 32 | (fd + 1).
-std::atomic<uint64_t> g_query_fd{0};
-
-int QueryFd() {
-  const uint64_t pid = static_cast<uint32_t>(getpid());
-  uint64_t held = g_query_fd.load(std::memory_order_acquire);
-  if (held >> 32 == pid) return static_cast<int>(held & 0xffffffffu) - 1;
-  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  if (!g_query_fd.compare_exchange_strong(held, pid << 32 | static_cast<uint32_t>(fd + 1),
-                                          std::memory_order_acq_rel)) {
-    close(fd);  // another thread's is in: `held` now names it
-    return held >> 32 == pid ? static_cast<int>(held & 0xffffffffu) - 1 : -1;
-  }
-  return fd;
-}
-
 // By the mappings' protections (PROCMAP_QUERY): one question per mapping, whatever its size.
-// kCannotTell when the descriptor fails (the application may close every descriptor it did not
-// open): it is opened again at the next check.
 enum class Answer { kYes, kNo, kCannotTell };
 
 Answer AccessibleByQuery(uintptr_t start, uintptr_t end, bool write) {
-  const int fd = QueryFd();
-  if (fd < 0) return Answer::kCannotTell;
-  for (uintptr_t covered = start; covered < end;) {
-    ProcmapQuery q{};
-    q.size = sizeof q;
-    q.query_addr = covered;  // the mapping covering it, or ENOENT: a hole
-    if (ioctl(fd, kProcmapQuery, &q) != 0) {
-      if (errno == ENOENT) return Answer::kNo;
-      g_query_fd.store(0, std::memory_order_release);
-      return Answer::kCannotTell;
-    }
-    if (!(q.vma_flags & (write ? kVmaWritable : kVmaReadable))) return Answer::kNo;
-    covered = q.vma_end;
-  }
-  return Answer::kYes;
+  const Query r = ForEachMappingByQuery(
+      start, end, [write](const Mapping& m) { return m.perms[write ? 1 : 0] != '-'; });
+  return r == Query::kDone      ? Answer::kYes
+         : r == Query::kRefused ? Answer::kNo
+                                : Answer::kCannotTell;
 }
 
 // By faulting the pages in, as the kernel's pinning does: ~0.25 us a page.

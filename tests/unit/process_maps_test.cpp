@@ -111,4 +111,23 @@ TEST(ProcessMaps, AccessIsAskedOfEveryMappingTheRangeCovers) {
   munmap(base, 5 * page);
 }
 
+// The descriptor the queries keep open may be closed under them (a daemon closing every descriptor
+// it did not open): the next question opens another.
+TEST(ProcessMaps, TheQueryOutlivesItsDescriptorBeingClosed) {
+  if (!MapsQueryWorks()) GTEST_SKIP() << "this kernel has no PROCMAP_QUERY (Linux 6.11+)";
+  int probe = 0;
+  const auto at = reinterpret_cast<uintptr_t>(&probe);
+  ASSERT_TRUE(Look(at, at + 1, MapsSource::kQuery).ok);  // opens it, if nothing did before
+  int closed = 0;
+  for (int fd = 3; fd < 1024; ++fd) {
+    char link[64];
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
+    if (n > 0 && std::string(link, static_cast<size_t>(n)).find("/maps") != std::string::npos)
+      closed += close(fd) == 0;
+  }
+  ASSERT_GT(closed, 0) << "no descriptor of the maps file was open";
+  EXPECT_TRUE(Look(at, at + 1, MapsSource::kQuery).ok);
+}
+
 }  // namespace
