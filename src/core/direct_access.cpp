@@ -36,11 +36,16 @@ bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap
 // A local piece of a direct operation: the host address of `s`, or nullptr when its key does not
 // grant `access` there (the long way then reports it, as LOC_PROT_ERR).
 uint8_t* Qp::ResolveLocalPieceLocked(const ibv_sge& s, int access) {
-  const MrTable& mrs = hca_.mrs();
-  if (uint8_t* p = mrs.ResolveLocalCached(s.lkey, pd_, s.addr, s.length, access, mr_cache_))
+  if (uint8_t* p = hca_.mrs().ResolveLocalCached(s.lkey, pd_, s.addr, s.length, access, mr_cache_))
     return p;
+  return ResolveLocalPieceFullyLocked(s, access);
+}
+
+// Past the cache: may ask the kernel (a region on demand, ~1 us).
+uint8_t* Qp::ResolveLocalPieceFullyLocked(const ibv_sge& s, int access) {
   KeyCheck why;
-  return mrs.Resolve(s.lkey, pd_, s.addr, s.length, access, true, &why, 0, nullptr, &mr_cache_);
+  return hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, access, true, &why, 0, nullptr,
+                            &mr_cache_);
 }
 
 bool Qp::TryDirectLocked(SendWqe& w) {
@@ -84,10 +89,21 @@ bool Qp::TryDirectLocked(SendWqe& w) {
   uint32_t lens[kMaxSge];
   uint32_t n = 0;
   bool inline_data = w.num_sge == 0;
+  bool remote_seen = right == link::kRecvRight;  // SENDs find their buffers later
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     const ibv_sge& s = w.sge[i];
     if (s.length == 0) continue;
-    if (!(local[n] = ResolveLocalPieceLocked(s, local_access))) return false;
+    local[n] =
+        hca_.mrs().ResolveLocalCached(s.lkey, pd_, s.addr, s.length, local_access, mr_cache_);
+    if (!local[n]) {
+      // A remote range the peer does not share (its regions on demand) makes the full check
+      // useless, and a post went through here twice before its frame asked a third time.
+      if (!remote_seen &&
+          !peer->Reach(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, &window_memo_))
+        return false;
+      remote_seen = true;
+      if (!(local[n] = ResolveLocalPieceFullyLocked(s, local_access))) return false;
+    }
     lens[n++] = s.length;
   }
   if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);

@@ -191,6 +191,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // way.
   bool TryDirectLocked(SendWqe& w);
   uint8_t* ResolveLocalPieceLocked(const ibv_sge& s, int access);
+  uint8_t* ResolveLocalPieceFullyLocked(const ibv_sge& s, int access);
   // A work request posted to an empty send queue and done so at once, without entering the queue;
   // false: it enters the queue as ever.
   bool TryPostDirectLocked(const ibv_send_wr& wr);

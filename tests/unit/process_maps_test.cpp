@@ -4,6 +4,7 @@
 #include "link/process_maps.h"
 
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -131,3 +132,22 @@ TEST(ProcessMaps, TheQueryOutlivesItsDescriptorBeingClosed) {
 }
 
 }  // namespace
+
+// The descriptor is kept per process: a fork child that asked through its parent's would be told
+// about the parent's memory (a mapping made after the fork would read as a hole).
+TEST(ProcessMaps, AForkChildAsksAboutItsOwnMemory) {
+  if (!MapsQueryWorks()) GTEST_SKIP() << "this kernel has no PROCMAP_QUERY (Linux 6.11+)";
+  int probe = 0;
+  ASSERT_TRUE(CanAccess(&probe, sizeof probe, true, MapsSource::kQuery));  // the parent's is open
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const long page = sysconf(_SC_PAGESIZE);
+    void* fresh = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    _exit(fresh != MAP_FAILED && CanAccess(fresh, 1, true, MapsSource::kQuery) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's new mapping read as a hole";
+}
