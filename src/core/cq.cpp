@@ -88,7 +88,7 @@ int Cq::Poll(int n, ibv_wc* out) {
   if (n > 0 && feed_end_.load(std::memory_order_relaxed) > 0) {
     if (DirectFeedReady()) {
       if (int got = PollDirectFeeds(n, out); got > 0) {
-        ctx_.hca().PollerActive();
+        ctx_.hca().CompletionsTaken();
         return got;
       }
     } else if (!queued_.load(std::memory_order_acquire)) {
@@ -118,7 +118,7 @@ int Cq::Poll(int n, ibv_wc* out) {
     got = target.got;
     if (worked && got < n) got += PollLocked(n - got, out + got);
   }
-  if (got > 0) ctx_.hca().PollerActive();
+  if (got > 0) ctx_.hca().CompletionsTaken();
   return got;
 }
 

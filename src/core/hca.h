@@ -137,8 +137,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void PollerMaySleep() {
     if (endpoint_) endpoint_->PollerMaySleep();
   }
-  void PollerActive() {
-    if (endpoint_) endpoint_->PollerActive();
+  void CompletionsTaken() {
+    if (endpoint_) endpoint_->CompletionsTaken();
   }
   // See link::Endpoint::SecureQueuedPayloads.
   void SecureQueuedPayloads() {

@@ -1127,6 +1127,10 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
   // (udpong's replies waited for the lease's end, ~1 ms, in about 1 of 20,000 exchanges).
   if (poller_may_sleep.load(std::memory_order_relaxed)) return;
   shm_polled_ns.store(now, std::memory_order_relaxed);
+  if (shm_prompted.load(std::memory_order_relaxed)) {
+    if (const ShmSnapshot& copy = t_shm_snapshot; copy.owner == this)
+      for (const auto& ch : copy.channels) ch->Polling();
+  }
   if (now - shm_seen_told_ns.load(std::memory_order_relaxed) >= kShmSeenStepNs) {
     shm_seen_told_ns.store(now, std::memory_order_relaxed);
     std::lock_guard g(shm_mu);
@@ -1136,6 +1140,23 @@ void Endpoint::Impl::NoteShmPoll(int64_t now) {
     }
   }
   if (parked.load() && !ShmPrepareSleep()) Wake();
+}
+
+void Endpoint::Impl::CompletionsTaken() {
+  PollerActive();
+  if (!shm_prompted.load(std::memory_order_relaxed)) return;
+  const ShmSnapshot& copy = t_shm_snapshot;
+  if (copy.owner != this) return;
+  bool waiting = false;
+  for (const auto& ch : copy.channels) waiting = ch->Leaving() || waiting;
+  // Records that came while we were seen polling rang no doorbell: serve them now, as the poll
+  // would have, or have the progress thread serve them (the holder may be past its look).
+  if (!waiting) return;
+  if (!progress_mu.try_lock()) return Wake();
+  ServeShm();
+  DrainLoopback();
+  sink.OnBatchEnd();
+  progress_mu.unlock();
 }
 
 // Without this, a record published within kShmConsumerIdleNs of the poller's last look rings no
@@ -1405,8 +1426,8 @@ bool Endpoint::PollOnce(bool wait) {
   return impl_->PollOnce(wait);
 }
 
-void Endpoint::PollerActive() {
-  impl_->PollerActive();
+void Endpoint::CompletionsTaken() {
+  impl_->CompletionsTaken();
 }
 
 void Endpoint::PollerMaySleep() {

@@ -48,8 +48,10 @@ class Endpoint {
   // An application thread stops polling to sleep until a completion event: shared-memory records
   // from now on must wake the progress thread, not wait for the poller's lease to run out.
   void PollerMaySleep();
-  // An application thread found completions: it polls again (undoes PollerMaySleep).
-  void PollerActive();
+  // An application thread's poll returns completions: it polls again (undoes PollerMaySleep),
+  // but may first look elsewhere (spin on memory an RDMA WRITE is to change), so shared-memory
+  // producers ring for such records until it polls (ShmRingProducer::Publish, `prompt`).
+  void CompletionsTaken();
   // Copies the payloads that queued frames still borrow from application memory, before that
   // memory may go away (a QP failing or destroyed, a region deregistered).
   void SecureQueuedPayloads();

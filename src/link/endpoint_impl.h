@@ -154,6 +154,10 @@ struct Endpoint::Impl {
     if (poller_may_sleep.load(std::memory_order_relaxed))
       poller_may_sleep.store(false, std::memory_order_relaxed);
   }
+  void CompletionsTaken();
+  // Some peer publishes records awaited in memory (ShmRingConsumer::ProducerPrompts): polls keep
+  // the rings' consumer_polling from then on.
+  std::atomic<bool> shm_prompted{false};
   std::vector<std::shared_ptr<ShmChannel>> shm_ready;  // ServeShm's scratch (progress_mu)
   // A poller with shared-memory channels asks epoll about sockets at most this often.
   static constexpr int64_t kSocketPollIntervalNs = 20'000;

@@ -54,6 +54,9 @@ struct OutFrame {
   // An RC request carrying the ACK its QP owes the peer (Channel::carries_acks): the PSN
   // acknowledged, or kNoRiderAck.
   uint32_t rider_ack = kNoRiderAck;
+  // An RDMA WRITE: the peer's application learns of it from its memory, not from a CQ (it may be
+  // spinning on that memory), so a link must not leave it for that application's next poll.
+  bool awaited_in_memory = false;
   std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
 
   void AddPayload(const void* p, size_t n) {

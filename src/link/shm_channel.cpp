@@ -380,7 +380,8 @@ void ShmChannel::Ring(int fd) {
 }
 
 void ShmChannel::PublishLocked() {
-  if (tx_.Publish(NowNs)) Ring(doorbell_out_);
+  if (tx_.Publish(NowNs, prompt_)) Ring(doorbell_out_);
+  prompt_ = false;
 }
 
 void ShmChannel::RingIfUnrungStalled(int64_t now_ns) {
@@ -435,6 +436,7 @@ void ShmChannel::FlushLocked() {
 // One frame into the ring: the frame record (headers and the first payload bytes), then chunks.
 bool ShmChannel::WriteLocked(TxItem& t) {
   const OutFrame& f = t.frame;
+  prompt_ = prompt_ || f.awaited_in_memory;
   if (!t.started && f.payload_outlives_send && f.payload_len >= kRefMinBytes) {
     RefWrite r = WriteByReferenceLocked(t);
     if (r != RefWrite::kInline) return r == RefWrite::kWritten;
@@ -622,6 +624,10 @@ void ShmChannel::ServeBuffered() {
     if (++frames % kFramesPerSeen == 0) rx_.Seen(NowNs());
   }
   if (rx_.ProducerWaiting()) Ring(doorbell_out_);
+  if (!prompts_noted_ && rx_.ProducerPrompts()) {
+    prompts_noted_ = true;
+    ep_.shm_prompted.store(true, std::memory_order_relaxed);
+  }
   if (dead_) return Close();
   if (frames >= kFramesPerWakeup && !rx_.Empty())
     ep_.RxPending(std::static_pointer_cast<ServedChannel>(shared_from_this()));

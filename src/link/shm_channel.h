@@ -71,6 +71,14 @@ class ShmChannel final : public ServedChannel {
   void Seen(int64_t now_ns) {
     if (ready_.load(std::memory_order_acquire)) rx_.Seen(now_ns);
   }
+  // An application thread of ours polls / took completions and may look elsewhere
+  // (ShmRingConsumer::Polling, Leaving: true when records came meanwhile).
+  void Polling() {
+    if (ready_.load(std::memory_order_acquire) && rx_.ProducerPrompts()) rx_.Polling();
+  }
+  bool Leaving() {
+    return ready_.load(std::memory_order_acquire) && rx_.ProducerPrompts() && rx_.Leaving();
+  }
   // Rings for records the peer has left untaken since it was last seen polling
   // (ShmRingProducer::UnrungStalled). From our application's polls; skipped while a sender holds
   // the ring (the next poll asks again).
@@ -108,6 +116,8 @@ class ShmChannel final : public ServedChannel {
   void FlushLocked();
   bool WriteLocked(TxItem& t);
   void PublishLocked();
+  bool prompt_ = false;  // a record written since the last publish is awaited in memory (tx_mu_)
+  bool prompts_noted_ = false;  // Endpoint::Impl::shm_prompted is set for ours (progress_mu)
   bool WriteHelloLocked();
   bool HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed);
   void EndFrame();

@@ -19,19 +19,27 @@ struct RingFixture {
   ShmRingProducer tx{&ctl, data.get()};
   ShmRingConsumer rx{&ctl, data.get()};
 
-  bool Put(uint32_t bytes, uint8_t tag) {
+  // Writes one record; false when the ring has no room for it.
+  bool Write(uint32_t bytes, uint8_t tag) {
     uint8_t* p = tx.Reserve(bytes);
     if (!p) return false;
     ShmRecordHeader h{bytes, shm_record::kChunk, 0, 0, 0, 0, 0};
     std::memcpy(p, &h, sizeof h);
     p[sizeof h] = tag;
     tx.Commit();
+    return true;
+  }
+  bool Put(uint32_t bytes, uint8_t tag) {
+    if (!Write(bytes, tag)) return false;
     Publish();
     return true;
   }
-  bool Publish() {
-    return tx.Publish([this] { return now; });
+  bool Publish(bool prompt = false) {
+    return tx.Publish([this] { return now; }, prompt);
   }
+  // Whether publishing one record rings; `prompt`: it changes memory the consumer's application
+  // may be spinning on (an RDMA WRITE).
+  bool PutRings(uint8_t tag, bool prompt) { return Write(kShmRecordAlign, tag) && Publish(prompt); }
   // The next non-pad record's tag, or -1 when the ring is empty.
   int Take() {
     for (;;) {
@@ -145,6 +153,33 @@ TEST(ShmRing, RecordsLeftUntakenAfterTheLastPollAreRungForByTheProducer) {
   ASSERT_EQ(r.Take(), 4);
   EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs));
   EXPECT_FALSE(r.tx.UnrungStalled(r.now + 3 * kShmUnrungCheckNs));
+}
+
+// ib_write_lat by frames: the application took its completion and spins on memory; the peer's
+// WRITE waited for the unrung check (5 us, then the doorbell) although it was seen polling just
+// before.
+TEST(ShmRing, AWriteRingsAConsumerWhoseApplicationTookCompletionsAndLeft) {
+  RingFixture r;
+  r.rx.Seen(r.now);  // a progress thread serving a batch, its application never polled
+  EXPECT_FALSE(r.PutRings(0, true)) << "it takes the record with its batch";
+  ASSERT_EQ(r.Take(), 0);
+  r.rx.Polling();
+  EXPECT_FALSE(r.PutRings(1, true)) << "the application polls: it finds the record itself";
+  ASSERT_EQ(r.Take(), 1);
+  EXPECT_FALSE(r.rx.Leaving()) << "nothing came meanwhile";
+  r.now += 1'000;
+  EXPECT_TRUE(r.PutRings(2, true)) << "the application left after its completions: ring";
+  EXPECT_FALSE(r.PutRings(3, true)) << "the woken consumer takes this one with the first";
+  ASSERT_EQ(r.Take(), 2);
+  ASSERT_EQ(r.Take(), 3);
+  EXPECT_TRUE(r.PutRings(4, true)) << "the doorbell's records are taken: ring again";
+  ASSERT_EQ(r.Take(), 4);
+  EXPECT_FALSE(r.PutRings(5, false)) << "any other record waits for the application's poll";
+  ASSERT_EQ(r.Take(), 5);
+  r.rx.Polling();
+  EXPECT_FALSE(r.PutRings(6, true)) << "back to polling: no doorbell";
+  EXPECT_TRUE(r.rx.Leaving()) << "a record it was seen polling for waits: the leaver serves it";
+  ASSERT_EQ(r.Take(), 6);
 }
 
 TEST(ShmRing, ATailMovedBeyondTheRingReadsAsMoreThanTheRingHolds) {
