@@ -160,6 +160,7 @@ TEST(ShmRing, RecordsLeftUntakenAfterTheLastPollAreRungForByTheProducer) {
 // before.
 TEST(ShmRing, AWriteRingsAConsumerWhoseApplicationTookCompletionsAndLeft) {
   RingFixture r;
+  ASSERT_EQ(r.ctl.consumer_polling.load(), kConsumerNeverPolled);
   r.rx.Seen(r.now);  // a progress thread serving a batch, its application never polled
   EXPECT_FALSE(r.PutRings(0, true)) << "it takes the record with its batch";
   ASSERT_EQ(r.Take(), 0);
