@@ -1,6 +1,7 @@
 #include "link/process_maps.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,7 +14,6 @@
 #include <cstring>
 
 #include "link/page_move_guard.h"
-#include "link/process_id.h"
 
 namespace softrdma::link {
 namespace {
@@ -71,21 +71,28 @@ bool ForEachMappingInText(uintptr_t start, uintptr_t end,
 enum class Query { kDone, kRefused, kUnsupported };
 
 // The maps file the queries go to, opened once per process: opening it costs ~6 us, a query ~0.9. A
-// descriptor from before fork() describes the parent's memory: the child opens its own. Its copy of
-// the parent's stays open (close-on-exec): the child may have closed that number already, and
-// another file may have it now. Holds pid << 32 | (fd + 1).
-std::atomic<uint64_t> g_query_fd{0};
+// descriptor from before fork() describes the parent's memory: a pthread_atfork handler makes the
+// child open its own. Its copy of the parent's stays open (close-on-exec): the child may have
+// closed that number already, and another file may have it now. (A child of a raw clone() system
+// call runs no handlers; nothing of ours runs in one.) Holds fd + 1, 0: none.
+std::atomic<int> g_query_fd{0};
 
 int QueryFd() {
-  const uint64_t pid = static_cast<uint32_t>(ProcessId());
-  uint64_t held = g_query_fd.load(std::memory_order_acquire);
-  if (held >> 32 == pid) return static_cast<int>(held & 0xffffffffu) - 1;
+  if (const int held = g_query_fd.load(std::memory_order_acquire); held != 0) return held - 1;
+  // A static's guard, not std::call_once: that sets thread-locals of libstdc++, whose first use
+  // under ASan maps a page (its record of the thread's TLS blocks), and the first question about
+  // the maps must not change them (ProcessMaps.TheQueryAndTheTextAgree: its hole was mapped).
+  static const bool forgotten_in_children = [] {
+    return pthread_atfork(nullptr, nullptr,
+                          [] { g_query_fd.store(0, std::memory_order_relaxed); }) == 0;
+  }();
+  (void)forgotten_in_children;
   const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
-  if (!g_query_fd.compare_exchange_strong(held, pid << 32 | static_cast<uint32_t>(fd + 1),
-                                          std::memory_order_acq_rel)) {
-    close(fd);  // another thread's is in: `held` now names it
-    return held >> 32 == pid ? static_cast<int>(held & 0xffffffffu) - 1 : -1;
+  int held = 0;
+  if (!g_query_fd.compare_exchange_strong(held, fd + 1, std::memory_order_acq_rel)) {
+    close(fd);  // another thread's is in: `held` names it
+    return held - 1;
   }
   return fd;
 }
@@ -178,11 +185,26 @@ void ForEveryMapping(const std::function<bool(const Mapping&)>& fn) {
   std::fclose(f);
 }
 
-bool IsMapped(const void* addr, uint64_t length) {
+namespace {
+
+uintptr_t PageSize() {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
-  if (end < start) return false;  // wraps the address space
+  return page;
+}
+
+// [start, end): the pages of [addr, addr+length) from the first one's start; false when the range
+// wraps the address space.
+bool PagesOf(const void* addr, uint64_t length, uintptr_t* start, uintptr_t* end) {
+  *start = reinterpret_cast<uintptr_t>(addr) & ~(PageSize() - 1);
+  *end = reinterpret_cast<uintptr_t>(addr) + length;
+  return *end >= *start;
+}
+
+}  // namespace
+
+bool IsMapped(const void* addr, uint64_t length) {
+  uintptr_t start, end;
+  if (!PagesOf(addr, length, &start, &end)) return false;
   return msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
@@ -190,10 +212,9 @@ namespace {
 
 bool PopulateWorks() {
   static const bool works = [] {
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     int probe = 0;
-    const uintptr_t at = reinterpret_cast<uintptr_t>(&probe) & ~(page - 1);
-    return madvise(reinterpret_cast<void*>(at), page, kMadvPopulateRead) == 0;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(&probe) & ~(PageSize() - 1);
+    return madvise(reinterpret_cast<void*>(at), PageSize(), kMadvPopulateRead) == 0;
   }();
   return works;
 }
@@ -234,10 +255,8 @@ bool AccessibleNow(uintptr_t start, uintptr_t end, bool write, MapsSource source
 
 bool CanAccess(const void* addr, uint64_t length, bool write, MapsSource source) {
   if (length == 0) return true;
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
-  if (end < start) return false;  // wraps the address space
+  uintptr_t start, end;
+  if (!PagesOf(addr, length, &start, &end)) return false;
   for (int tries = 0; tries < 2; ++tries) {
     if (AccessibleNow(start, end, write, source)) return true;
     // Pages another thread is moving onto shared memory are read-only meanwhile (PageMoveGuard).
