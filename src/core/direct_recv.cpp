@@ -500,6 +500,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   // Sequentially consistent, as the count: a consumer that declares itself asleep and then looks
   // sees the slot done, or NudgeIfAsleep sees its declaration.
   s.state.store(dr::State(dr::kDone, t, flags), std::memory_order_seq_cst);
+  next_direct_slot_.store(&SlotOf(q, t + 1), std::memory_order_relaxed);
   if (q->counted.load(std::memory_order_relaxed)) peer->NoteRecvDone();
   av_.channel->NudgeIfAsleep();
   return true;

@@ -377,6 +377,8 @@ int Qp::ValidateWr(const ibv_send_wr& wr, bool type1_bind) const {
 
 int Qp::PostSend(const ibv_send_wr* wr, const ibv_send_wr** bad, bool whole_batch,
                  bool type1_bind) {
+  if (const void* slot = next_direct_slot_.load(std::memory_order_relaxed))
+    __builtin_prefetch(slot, 1);
   std::lock_guard g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET || state_ == IBV_QPS_INIT || state_ == IBV_QPS_RTR) {
     *bad = wr;
