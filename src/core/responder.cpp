@@ -35,8 +35,7 @@ void Qp::FlushAckLocked() {
     ack_pending_ = false;
     ack_deadline_ = INT64_MAX;
     if (ack_channel_) {
-      // Only ACKs that could wait for an answer learn the ping-pong (RxRequestEnd).
-      if (!ack_channel_->frames_are_cheap()) ack_sent_ns_ = link::NowNs();
+      ack_sent_ns_ = link::NowNs();  // a request of ours soon after: ping-pong (RxRequestEnd)
       SendAckLocked(*ack_channel_, wire::aeth::kAck, ack_psn_);
     }
   }
@@ -438,10 +437,14 @@ void Qp::RxRequestEnd(link::Channel& ch, RxWork& w) {
   ++msn_;
   ack_pending_ = true;
   ack_psn_ = w.psn;
-  const std::shared_ptr<link::Channel>& ack_ch = ResponseChannelLocked(ch);
-  if (ack_defer_ && !ack_ch->frames_are_cheap()) {
+  ResponseChannelLocked(ch);  // chosen now, for this ACK and every later response
+  // Not while requests of ours wait for the peer's ACKs: in traffic both ways (ib_send_bw -b) a
+  // full send queue waits for them, and the peer's, waiting for ours, posts no answer either.
+  if (ack_defer_ && head_ == tail_) {
     // The application is expected to answer: completions are visible now (the ACK will follow
-    // within kAckDeferNs, or with the answer), and the timer bounds the wait.
+    // within kAckDeferNs, or with the answer), and the timer bounds the wait. Over shared memory
+    // too, where a frame costs no system call: an ACK ahead of the answer let the peer's poll take
+    // it and leave, and the answer then had to wake its progress thread (ib_write_lat --odp).
     ReleaseHeldCompletionsLocked();
     if (ack_deadline_ == INT64_MAX) ack_deadline_ = link::NowNs() + kAckDeferNs;
     RegisterTimerLocked(ack_deadline_, AckWakeNs(ack_deadline_));

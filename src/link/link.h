@@ -106,9 +106,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   virtual bool is_loopback() const = 0;
   // Connectionless (UDP): no hello, no replies.
   virtual bool is_datagram() const { return false; }
-  // A frame reaches a polling peer without a system call or a wake-up (shared memory): an ACK
-  // may leave at once instead of waiting, under a timer, for an answer to ride with.
-  virtual bool frames_are_cheap() const { return false; }
   // The peer reads an ACK riding on a request (OutFrame::rider_ack) instead of an ACK frame of its
   // own: one frame less to build and to handle per answered message (TCP ib_write_lat).
   virtual bool carries_acks() const { return false; }

@@ -43,7 +43,6 @@ class ShmChannel final : public ServedChannel {
   }
 
   int fd() const { return sock_; }
-  bool frames_are_cheap() const override { return true; }
   void OnEvents(uint32_t events) override;  // the Unix socket
   bool TxPending() override;
   bool AwaitRoom() override;

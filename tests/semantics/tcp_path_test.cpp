@@ -76,17 +76,6 @@ uint64_t TcpBytesReceived() {
 
 constexpr int kPingPongRounds = 200;
 
-// Polls without PollOne's back-off (its sleeps of 50 us, under a sanitizer's slowdown, made every
-// answer come after the 30 us in which an owed ACK waits for it).
-bool SpinPollOne(ibv_cq* cq, ibv_wc* wc) {
-  auto deadline = Clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    int n = ibv_poll_cq(cq, 1, wc);
-    if (n != 0) return n == 1;
-    if (Clock::now() >= deadline) return false;
-  }
-}
-
 // Answers each of kPingPongRounds SENDs with one, at once.
 int EchoRounds(ChildPipe p, QpOpts o) {
   ChildQp c;
