@@ -440,7 +440,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // up to kAckDeferNs for the answer and leaves in the same write, saving a TCP segment and a
   // wake-up on each side. A QP learns it is in that pattern when a request follows an ACK within
   // kReplyWindowNs, and unlearns it when a deferred ACK times out; one-way traffic keeps prompt
-  // ACKs. Measured on ib_write_lat: see the commit introducing it.
+  // ACKs, and so does a QP whose own requests wait for ACKs (RxRequestEnd). Measured on
+  // ib_write_lat: see the commit introducing it.
   static constexpr int64_t kAckDeferNs = 30'000;
   static constexpr int64_t kReplyWindowNs = 30'000;
   bool ack_defer_ = false;
