@@ -388,10 +388,62 @@ bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
   if (length == 0 || length > kMaxMsgSize || (inline_data && length > cap_.max_inline_data))
     return false;
   w.length = static_cast<uint32_t>(length);
-  if (!TryDirectSendLocked(w, peer, local, lens, n)) return false;
+  if ((w.length > dr::kInSlotBytes || !TryDirectSmallSendLocked(w, peer, local, lens, n)) &&
+      !TryDirectSendLocked(w, peer, local, lens, n))
+    return false;
   w.status = IBV_WC_SUCCESS;
   PushSendCompletionLocked(w);
   return true;
+}
+
+// The small SEND of a request-response exchange: its bytes go into the slot (kInSlot) of a WQE
+// whose first buffer holds them. TryDirectSendLocked's checks for that case only, without its
+// scatter list copy and loops (ib_send_lat 2 B: ~5%, though only ~65 instructions fewer).
+// False, before taking the WQE, for anything else: TryDirectSendLocked then decides.
+bool Qp::TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
+                                  const uint32_t* lens, uint32_t n) {
+  const uint32_t dqpn = attr_.dest_qp_num;
+  uint64_t taken;
+  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken);
+  if (!q) return false;
+  const uint32_t t = dr::TakenCount(taken);
+  DirectRecvSlot& s = SlotOf(q, t);
+  if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
+  const uint32_t nsge = s.num_sge;
+  const link::DirectRecvSge first = s.sge[0];
+  if (nsge - 1 >= link::kDirectRecvSges || first.len < w.length ||
+      !peer->Reach(first.key, dqpn, first.addr, w.length, link::kRecvRight, &recv_window_memo_) ||
+      !TakeWqeLocked(q, taken))
+    return false;
+  auto* into = reinterpret_cast<uint8_t*>(s.sge);  // the owner no longer reads it: it is taken
+  for (uint32_t i = 0; i < n; into += lens[i], ++i) CopyBytes(into, local[i], lens[i]);
+  MarkSlotDoneLocked(w, peer, q, t, dr::kInSlot);
+  return true;
+}
+
+// Takes WQE TakenCount(taken) of `q`, unless another taker came first.
+bool Qp::TakeWqeLocked(DirectRecvQueue* q, uint64_t taken) {
+  uint64_t expected = taken;
+  return q->taken.compare_exchange_strong(expected, dr::WithCount(taken, dr::TakenCount(taken) + 1),
+                                          std::memory_order_acq_rel);
+}
+
+// The sender's last step: slot `t` of `q` says done, with `w`'s length, immediate and flags.
+void Qp::MarkSlotDoneLocked(const SendWqe& w, link::PeerWindows* peer, DirectRecvQueue* q,
+                            uint32_t t, uint32_t flags) {
+  DirectRecvSlot& s = SlotOf(q, t);
+  s.byte_len = w.length;
+  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    s.imm = w.imm_or_rkey;
+    flags |= dr::kWithImm;
+  }
+  if (w.send_flags & IBV_SEND_SOLICITED) flags |= dr::kSolicited;
+  // Sequentially consistent, as the count: a consumer that declares itself asleep and then looks
+  // sees the slot done, or NudgeIfAsleep sees its declaration.
+  s.state.store(dr::State(dr::kDone, t, flags), std::memory_order_seq_cst);
+  next_direct_slot_.store(&SlotOf(q, t + 1), std::memory_order_relaxed);
+  if (q->counted.load(std::memory_order_relaxed)) peer->NoteRecvDone();
+  av_.channel->NudgeIfAsleep();
 }
 
 // Requester side: a SEND placed in the peer's receive buffers, or an RDMA WRITE with immediate
@@ -453,10 +505,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     // but the owner copies it there (CollectFromLocked).
     in_slot = w.length <= dr::kInSlotBytes;
   }
-  uint64_t expected = taken;
-  if (!q->taken.compare_exchange_strong(expected, dr::WithCount(taken, t + 1),
-                                        std::memory_order_acq_rel))
-    return false;
+  if (!TakeWqeLocked(q, taken)) return false;
 
   // Scatter the payload (inline, or gathered from the local pieces) into the peer's buffers.
   uint32_t di = 0, doff = 0;
@@ -490,19 +539,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
       for (uint32_t i = 0; i < n; ++i) put(local[i], lens[i]);
     }
   }
-  s.byte_len = w.length;
-  uint32_t flags = rdma ? dr::kRdma : in_slot ? dr::kInSlot : 0;
-  if (w.opcode == IBV_WR_SEND_WITH_IMM || rdma) {
-    s.imm = w.imm_or_rkey;
-    flags |= dr::kWithImm;
-  }
-  if (w.send_flags & IBV_SEND_SOLICITED) flags |= dr::kSolicited;
-  // Sequentially consistent, as the count: a consumer that declares itself asleep and then looks
-  // sees the slot done, or NudgeIfAsleep sees its declaration.
-  s.state.store(dr::State(dr::kDone, t, flags), std::memory_order_seq_cst);
-  next_direct_slot_.store(&SlotOf(q, t + 1), std::memory_order_relaxed);
-  if (q->counted.load(std::memory_order_relaxed)) peer->NoteRecvDone();
-  av_.channel->NudgeIfAsleep();
+  MarkSlotDoneLocked(w, peer, q, t, rdma ? dr::kRdma : in_slot ? dr::kInSlot : 0);
   return true;
 }
 

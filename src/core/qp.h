@@ -218,6 +218,11 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   static bool AwaitPosted(const link::DirectRecvSlot& s, uint32_t index);
   bool TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                            const uint32_t* lens, uint32_t n);
+  bool TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
+                                const uint32_t* lens, uint32_t n);
+  bool TakeWqeLocked(link::DirectRecvQueue* q, uint64_t taken);
+  void MarkSlotDoneLocked(const SendWqe& w, link::PeerWindows* peer, link::DirectRecvQueue* q,
+                          uint32_t t, uint32_t flags);
   // Inline, as the refill's common answer and ResumeWaitingLocked's: each direct message passes
   // them several times (together ~100 instructions of a ~1,000-instruction round of ib_send_lat).
   link::DirectRecvQueue* DirectRqLocked() const {
