@@ -18,6 +18,7 @@
 #include "cm/ip_address.h"
 #include "core/held_file.h"
 #include "core/host_identity.h"
+#include "core/run_directory.h"
 
 namespace softrdma::cm {
 
@@ -27,15 +28,8 @@ std::string Dir() {
   return core::RunDirectory() + "/cm";
 }
 
-bool EnsureDir() {
-  std::string run = core::RunDirectory();
-  // World-writable and sticky like /tmp, as the slot directory: every user's processes share it.
-  if (mkdir(run.c_str(), 01777) == 0) chmod(run.c_str(), 01777);
-  std::string d = Dir();
-  if (mkdir(d.c_str(), 01777) == 0) chmod(d.c_str(), 01777);
-  struct stat st;
-  return stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
+// Tries at a claim: each retry follows the directory's removal by an exiting process, rare.
+constexpr int kClaimTries = 4;
 
 struct Entry {
   uint64_t netns = 0;
@@ -136,28 +130,27 @@ bool Owns(const Entry& e, const Addr& ip) {
   return false;
 }
 
-// Claims are made and pruned under it, so that no claim is pruned half made. `wait` false: only
-// when nobody holds it (a thread of this process may, and flock would wait for it for good).
+// The directory's own lock (core::LockDirectory): claims are made and pruned under it, so that no
+// claim is pruned half made, and the directory is removed only under it (core/run_directory.h).
+// Makes the directory when missing. `wait` false: only when nobody holds it (a thread of this
+// process may, and flock would wait for it for good).
 class DirLock {
  public:
   explicit DirLock(bool wait = true) {
-    std::string p = Dir() + "/.lock";
-    fd_ = open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd_ < 0) return;
-    fchmod(fd_, 0666);
-    int r;
-    while ((r = flock(fd_, LOCK_EX | (wait ? 0 : LOCK_NB))) != 0 && errno == EINTR) {
+    for (int i = 0; i < kClaimTries && fd_ < 0; ++i) {  // again when removed as we locked it
+      const std::string d = core::MakeRunSubdirectory("cm");
+      if (d.empty()) return;
+      fd_ = core::LockDirectory(d, wait);
+      if (fd_ < 0 && errno != ENOENT) return;
     }
-    held_ = r == 0;
   }
   ~DirLock() {
     if (fd_ >= 0) close(fd_);
   }
-  bool held() const { return held_; }
+  bool held() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;
-  bool held_ = false;
 };
 
 // The claim files this process holds, removed when it exits. The connection manager is never
@@ -197,8 +190,11 @@ class HeldFiles {
     for (const std::string& p : paths_) unlink(p.c_str());
     paths_.clear();
     // And those of killed processes: a peer's kill followed by our exit left its files for good.
-    DirLock lock(/*wait=*/false);
-    if (lock.held()) ForEachLive([](const Entry&) {}, /*prune=*/true);
+    {
+      DirLock lock(/*wait=*/false);
+      if (lock.held()) ForEachLive([](const Entry&) {}, /*prune=*/true);
+    }
+    core::TidyRunDirectory();
   }
   std::mutex mu_;
   std::vector<std::string> paths_;
@@ -224,10 +220,15 @@ void PortClaim::ForgetHeldFilesAfterFork() {
 }
 
 int PortClaim::ClaimPresence() {
-  if (!EnsureDir()) return EACCES;
   path_ = Dir() + "/host-" + std::to_string(core::NetnsId()) + "-" + std::to_string(getpid());
-  DirLock lock;
-  int fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);
+  int fd = -1;
+  for (int i = 0; i < kClaimTries && fd < 0; ++i) {
+    DirLock lock;
+    // Blocking: a reader may hold a shared lock on the new file for a moment. ENOENT: the
+    // directory went as we made it (the lock could not be had): again.
+    fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);
+    if (fd < 0 && errno != ENOENT) break;
+  }
   if (fd < 0) return EACCES;
   fd_ = fd;
   HeldFiles::Get().Add(path_);
@@ -240,24 +241,26 @@ int PortClaim::ClaimPresence() {
 }
 
 int PortClaim::Claim(uint16_t port_space, const Addr& addr, bool reuse) {
-  if (!EnsureDir()) return EACCES;
-  DirLock lock;
-  uint64_t netns = core::NetnsId();
-  bool conflict = false;
-  ForEachLive(
-      [&](const Entry& e) {
-        if (e.netns != netns || e.ps != port_space || e.port != addr.port) return;
-        bool overlap = IsAnyIp(e.addr) || IsAnyIp(addr) || SameIp(e.addr, addr);
-        if (overlap && !(reuse && e.reuse && !e.service_port)) conflict = true;
-      },
-      /*prune=*/true);
-  if (conflict) return EADDRINUSE;
+  const uint64_t netns = core::NetnsId();
   static std::atomic<uint32_t> counter{0};
   path_ = Dir() + "/" + std::to_string(netns) + "-" + std::to_string(port_space) + "-" +
           std::to_string(addr.port) + "-" + std::to_string(getpid()) + "-" +
           std::to_string(counter++);
-  // Blocking: a reader may hold a shared lock on the new file for a moment.
-  int fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);
+  int fd = -1;
+  for (int i = 0; i < kClaimTries && fd < 0; ++i) {
+    DirLock lock;
+    bool conflict = false;
+    ForEachLive(
+        [&](const Entry& e) {
+          if (e.netns != netns || e.ps != port_space || e.port != addr.port) return;
+          bool overlap = IsAnyIp(e.addr) || IsAnyIp(addr) || SameIp(e.addr, addr);
+          if (overlap && !(reuse && e.reuse && !e.service_port)) conflict = true;
+        },
+        /*prune=*/true);
+    if (conflict) return EADDRINUSE;
+    fd = core::OpenHeldFile(path_, O_TRUNC, /*nonblock=*/false);  // blocking, as above
+    if (fd < 0 && errno != ENOENT) break;
+  }
   if (fd < 0) return EACCES;
   fd_ = fd;
   HeldFiles::Get().Add(path_);

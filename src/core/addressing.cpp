@@ -17,6 +17,7 @@
 
 #include "core/held_file.h"
 #include "core/limits.h"
+#include "core/run_directory.h"
 #include "core/xrc_targets.h"
 
 namespace softrdma::core {
@@ -82,13 +83,18 @@ uint16_t DestinationSlot(const ibv_ah_attr& attr, uint32_t qpn) {
 
 bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::string* err) {
   dir_ = RunDirectory();
-  // World-writable and sticky, like /tmp: every user's processes share one LID/QPN space.
-  if (mkdir(dir_.c_str(), 01777) == 0) chmod(dir_.c_str(), 01777);
+  MakeSharedDirectory(dir_);
   uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlot;
+  int vanished = 0;  // times the directory went under us (an exiting process removed it)
   for (uint32_t i = 0; i < kMaxSlot; ++i) {
     uint16_t s = static_cast<uint16_t>((start + i) % kMaxSlot + 1);
     std::string path = dir_ + "/slot-" + std::to_string(s);
     int fd = OpenHeldFile(path, 0, /*nonblock=*/true);
+    if (fd < 0 && errno == ENOENT && vanished++ < 4) {
+      MakeSharedDirectory(dir_);
+      --i;  // the same slot again
+      continue;
+    }
     if (fd < 0) continue;  // taken, or another user's stale slot
     if (HeldElsewhere(s)) {
       close(fd);  // its creator is gone, but its shared XRC targets live on elsewhere

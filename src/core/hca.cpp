@@ -11,6 +11,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/qp_internal.h"
+#include "core/run_directory.h"
 #include "core/xrc_relay.h"
 #include "link/sanitizers.h"
 #include "link/shared_memory.h"
@@ -43,6 +44,7 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
       (*g_instance)->HandOverTargets();
       (*g_instance)->mcast_.LeaveAllAtExit();
       (*g_instance)->slots_.~SlotRegistry();
+      TidyRunDirectory();  // after every file of ours, and the CM's if its handler ran first
     });
   }
   return hca;

@@ -13,6 +13,7 @@
 
 #include "core/held_file.h"
 #include "core/host_identity.h"
+#include "core/run_directory.h"
 
 namespace softrdma::core {
 
@@ -74,10 +75,12 @@ int McastRegistry::Attach(const ibv_gid& mgid, uint32_t qpn) {
   std::lock_guard<std::mutex> g(mu_);
   std::string hex = Hex(mgid);
   if (held_.count({hex, qpn})) return 0;
-  std::string run = RunDirectory();
-  if (mkdir(run.c_str(), 01777) == 0) chmod(run.c_str(), 01777);
-  if (mkdir(Dir().c_str(), 01777) == 0) chmod(Dir().c_str(), 01777);
-  int fd = OpenHeldFile(PathOf(hex, qpn), 0, /*nonblock=*/false);
+  int fd = -1;
+  for (int i = 0; i < 4 && fd < 0; ++i) {  // again when an exiting process removed the directory
+    if (MakeRunSubdirectory("mcast").empty()) break;
+    fd = OpenHeldFile(PathOf(hex, qpn), 0, /*nonblock=*/false);
+    if (fd < 0 && errno != ENOENT) break;
+  }
   if (fd < 0) return ENOMEM;
   held_[{hex, qpn}] = fd;
   cache_.erase(hex);

@@ -405,6 +405,16 @@ TEST_F(CmProcess, AProcessThatExitsInAMulticastGroupLeavesNoMemberFile) {
   EXPECT_TRUE(members().empty()) << "left in " << dir << ": " << members().front();
 }
 
+// Every entry under `dir` (recursively), directories and hidden files too.
+std::vector<std::string> EverythingUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    out.push_back(it->path().string());
+  return out;
+}
+
 // The files under `dir` (recursively), but the directories and the CM's lock file.
 std::vector<std::string> RunFilesUnder(const std::string& dir) {
   std::vector<std::string> out;
@@ -441,7 +451,23 @@ TEST_F(CmProcess, ProcessesLeaveNoFileOfAKilledPeerOnceTheyExit) {
   ASSERT_TRUE(survivor.Send('x'));
   ASSERT_EQ(survivor.Wait(kDeathBound), 0) << "the survivor did not exit by itself";
   std::string left;
-  for (const std::string& f : RunFilesUnder(run_dir)) left += " " + f;
+  for (const std::string& f : EverythingUnder(run_dir)) left += " " + f;
+  EXPECT_TRUE(left.empty()) << "left:" << left;
+}
+
+// Nor the directories the run directory's files live in (cm/, mcast/) or the CM's lock: the last
+// process to exit removes them (core/run_directory.h). They stayed in /dev/shm for good.
+TEST_F(CmProcess, AProcessThatExitsLeavesNothingInTheRunDirectory) {
+  support::ScratchDirectory scratch("exit-tidy");
+  ASSERT_FALSE(scratch.path().empty()) << strerror(errno);
+  const std::string& run_dir = scratch.path();
+  ASSERT_TRUE(child_.Start("hold-all", "", run_dir));
+  ASSERT_EQ(child_.Recv(), 'B') << "the child did not set up";
+  EXPECT_GE(EverythingUnder(run_dir).size(), 6u) << "its slot, presence, claim and membership";
+  ASSERT_TRUE(child_.Send('x'));
+  ASSERT_EQ(child_.Wait(kDeathBound), 0) << "the child did not exit by itself";
+  std::string left;
+  for (const std::string& f : EverythingUnder(run_dir)) left += " " + f;
   EXPECT_TRUE(left.empty()) << "left:" << left;
 }
 
