@@ -28,9 +28,6 @@ std::string Dir() {
   return core::RunDirectory() + "/cm";
 }
 
-// Tries at a claim: each retry follows the directory's removal by an exiting process, rare.
-constexpr int kClaimTries = 4;
-
 struct Entry {
   uint64_t netns = 0;
   uint16_t ps = 0, port = 0, service_port = 0;
@@ -137,7 +134,8 @@ bool Owns(const Entry& e, const Addr& ip) {
 class DirLock {
  public:
   explicit DirLock(bool wait = true) {
-    for (int i = 0; i < kClaimTries && fd_ < 0; ++i) {  // again when removed as we locked it
+    // Again when the directory was removed as we locked it.
+    for (int i = 0; i < core::kRunDirectoryTries && fd_ < 0; ++i) {
       const std::string d = core::MakeRunSubdirectory("cm");
       if (d.empty()) return;
       fd_ = core::LockDirectory(d, wait);
@@ -222,7 +220,7 @@ void PortClaim::ForgetHeldFilesAfterFork() {
 int PortClaim::ClaimPresence() {
   path_ = Dir() + "/host-" + std::to_string(core::NetnsId()) + "-" + std::to_string(getpid());
   int fd = -1;
-  for (int i = 0; i < kClaimTries && fd < 0; ++i) {
+  for (int i = 0; i < core::kRunDirectoryTries && fd < 0; ++i) {
     DirLock lock;
     // Blocking: a reader may hold a shared lock on the new file for a moment. ENOENT: the
     // directory went as we made it (the lock could not be had): again.
@@ -247,7 +245,7 @@ int PortClaim::Claim(uint16_t port_space, const Addr& addr, bool reuse) {
           std::to_string(addr.port) + "-" + std::to_string(getpid()) + "-" +
           std::to_string(counter++);
   int fd = -1;
-  for (int i = 0; i < kClaimTries && fd < 0; ++i) {
+  for (int i = 0; i < core::kRunDirectoryTries && fd < 0; ++i) {
     DirLock lock;
     bool conflict = false;
     ForEachLive(

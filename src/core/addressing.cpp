@@ -90,7 +90,7 @@ bool SlotRegistry::Claim(uint16_t port, const std::vector<uint32_t>& ips, std::s
     uint16_t s = static_cast<uint16_t>((start + i) % kMaxSlot + 1);
     std::string path = dir_ + "/slot-" + std::to_string(s);
     int fd = OpenHeldFile(path, 0, /*nonblock=*/true);
-    while (fd < 0 && errno == ENOENT && vanished++ < 4) {
+    while (fd < 0 && errno == ENOENT && vanished++ < kRunDirectoryTries) {
       MakeSharedDirectory(dir_);
       fd = OpenHeldFile(path, 0, /*nonblock=*/true);
     }

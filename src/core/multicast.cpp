@@ -76,7 +76,7 @@ int McastRegistry::Attach(const ibv_gid& mgid, uint32_t qpn) {
   std::string hex = Hex(mgid);
   if (held_.count({hex, qpn})) return 0;
   int fd = -1;
-  for (int i = 0; i < 4 && fd < 0; ++i) {  // again when an exiting process removed the directory
+  for (int i = 0; i < kRunDirectoryTries && fd < 0; ++i) {  // again when the directory went
     if (MakeRunSubdirectory("mcast").empty()) break;
     fd = OpenHeldFile(PathOf(hex, qpn), 0, /*nonblock=*/false);
     if (fd < 0 && errno != ENOENT) break;

@@ -23,6 +23,10 @@
 
 namespace softrdma::core {
 
+// Tries at making a file in a directory of the run directory: each retry follows the directory's
+// removal by an exiting process, rare.
+constexpr int kRunDirectoryTries = 4;
+
 // World-writable and sticky, like /tmp: every user's processes share one LID/QPN space and one
 // listener registry. True when `path` is a directory now.
 inline bool MakeSharedDirectory(const std::string& path) {
@@ -36,7 +40,7 @@ inline bool MakeSharedDirectory(const std::string& path) {
 inline std::string MakeRunSubdirectory(const char* name) {
   const std::string run = RunDirectory();
   const std::string sub = run + "/" + name;
-  for (int i = 0; i < 4; ++i) {  // each retry follows a removal by an exiting process: rare
+  for (int i = 0; i < kRunDirectoryTries; ++i) {
     MakeSharedDirectory(run);
     if (MakeSharedDirectory(sub)) return sub;
   }

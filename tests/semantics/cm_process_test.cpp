@@ -415,7 +415,7 @@ std::vector<std::string> EverythingUnder(const std::string& dir) {
   return out;
 }
 
-// The files under `dir` (recursively), but the directories and the CM's lock file.
+// The files under `dir` (recursively), without the directories and hidden files.
 std::vector<std::string> RunFilesUnder(const std::string& dir) {
   std::vector<std::string> out;
   for (const std::string& name : FilesIn(dir)) {
