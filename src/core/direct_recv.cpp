@@ -118,8 +118,7 @@ void Qp::RefillDirectRecvMoreLocked(bool idle) {
       s.sge[0] = link::DirectRecvSge{staging->SlotAddr(direct_posted_), staging->key(),
                                      static_cast<uint32_t>(total)};
       n = 1;
-      staged_ |= bit;
-      piece.host = nullptr;
+      staged_ |= bit;  // piece.host stays: a message in the slot is copied straight there
     }
     s.num_sge = n;
     // After the scatter list: a sender that sees the state reads the list it names.

@@ -410,7 +410,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w, uint32_t byte_len);
   // The one piece of a published WQE (by slot), resolved at publication, so that a message that
   // came in its slot is copied without a lookup while no region was removed or changed since
-  // (MrTable::generation). host nullptr: several pieces, or staged.
+  // (MrTable::generation); staged or not. host nullptr: several pieces.
   struct PublishedPiece {
     uint8_t* host = nullptr;
     uint32_t length = 0;

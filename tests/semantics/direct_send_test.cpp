@@ -715,6 +715,33 @@ TEST_F(DirectSend, AStagedReceiveBufferDeregisteredAfterPostingIsNeverWritten) {
   for (uint8_t b : bytes) ASSERT_EQ(b, 0xee);
 }
 
+// Small messages into a buffer too small to share (its WQEs published staged) travel in the slot
+// and are copied into the buffer, not into the staging area: exactly their bytes, in order.
+TEST_F(DirectSend, SmallSendsIntoAStagedReceiveBufferArriveWhole) {
+  Connect();
+  std::vector<uint8_t> bytes(512, 0xee);
+  ibv_mr* mr = ibv_reg_mr(v.pd, bytes.data(), bytes.size(), kLocalWrite);
+  ASSERT_NE(mr, nullptr);
+  const uint64_t at = reinterpret_cast<uintptr_t>(bytes.data()) + 100;
+  // Enough WQEs that the QP makes its staging area (Qp::kStagingDemand) and publishes them.
+  for (uint64_t id = 5; id < 75; ++id) ASSERT_EQ(PostRecvSges(q->qp, {{at, 40, mr->lkey}}, id), 0);
+  for (uint32_t k = 0; k < 12; ++k) {
+    const uint32_t len = 1 + k * 3;  // 1 .. 34 bytes
+    std::fill(bytes.begin(), bytes.end(), 0xee);
+    ASSERT_EQ(Send(len), IBV_WC_SUCCESS) << "message " << k;
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->rcq, &wc));
+    EXPECT_EQ(wc.wr_id, 5u + k);
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    EXPECT_EQ(wc.byte_len, len);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const bool in = i >= 100 && i < 100 + len;
+      ASSERT_EQ(bytes[i], in ? Pattern(i - 100) : 0xee) << "message " << k << " byte " << i;
+    }
+  }
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+}
+
 // Destroying the receiving QP while its peer keeps sending returns promptly (senders inside its
 // receive queue are waited for, boundedly) and the peer's next SEND fails instead of hanging.
 TEST_F(DirectSend, DestroyingTheReceiverWhileThePeerSendsIsPromptAndFailsThePeer) {
