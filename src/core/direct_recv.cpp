@@ -118,7 +118,7 @@ void Qp::RefillDirectRecvMoreLocked(bool idle) {
       s.sge[0] = link::DirectRecvSge{staging->SlotAddr(direct_posted_), staging->key(),
                                      static_cast<uint32_t>(total)};
       n = 1;
-      staged_ |= bit;  // piece.host stays: a message in the slot is copied straight there
+      staged_ |= bit;  // piece.host stays: the owner copies the message straight there
     }
     s.num_sge = n;
     // After the scatter list: a sender that sees the state reads the list it names.
@@ -163,9 +163,14 @@ void Qp::RestageDirectRecvs() {
 // staging slot (RestageDirectRecvs takes back the WQEs no sender holds) completes with LOC_PROT_ERR
 // as on frames, only without moving the QP to the error state (the sender has completed already).
 // The peer's byte_len is bounded by the WQE and `room`: a hostile one gets no byte outside them.
+// Through the address `piece` resolved at publication while it holds, else by lookup.
 bool Qp::CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
-                           uint32_t byte_len) {
+                           const PublishedPiece& piece, uint32_t byte_len) {
   uint32_t left = byte_len < room ? byte_len : room;
+  if (piece.host && left <= piece.length && piece.generation == hca_.mrs().generation()) {
+    CopyBytes(piece.host, from, left);
+    return true;
+  }
   for (uint32_t i = 0; i < w.num_sge && left > 0; ++i) {
     const ibv_sge& g = w.sge[i];
     if (g.length == 0) continue;
@@ -214,17 +219,14 @@ int Qp::CollectFromLocked(DirectRecvQueue* q, ibv_wc* out, int room) {
     const uint32_t flags = (st >> 8) & 0xff;
     ibv_wc wc{};
     wc.status = IBV_WC_SUCCESS;
+    const PublishedPiece& piece = published_[direct_collected_ % kDirectRecvSlots];
     if (flags & dr::kInSlot) {
-      const auto* from = reinterpret_cast<const uint8_t*>(s.sge);
-      const PublishedPiece& piece = published_[direct_collected_ % kDirectRecvSlots];
-      const uint32_t len = s.byte_len < dr::kInSlotBytes ? s.byte_len : dr::kInSlotBytes;
-      if (piece.host && len <= piece.length && piece.generation == hca_.mrs().generation())
-        CopyBytes(piece.host, from, len);
-      else if (!CopyIntoWqeLocked(from, dr::kInSlotBytes, *w, s.byte_len))
+      if (!CopyIntoWqeLocked(reinterpret_cast<const uint8_t*>(s.sge), dr::kInSlotBytes, *w, piece,
+                             s.byte_len))
         wc.status = IBV_WC_LOC_PROT_ERR;
     } else if ((staged_ >> (direct_collected_ % kDirectRecvSlots) & 1) && !(flags & dr::kRdma) &&
                !CopyIntoWqeLocked(staging_->SlotBytes(direct_collected_), RecvStaging::kSlotBytes,
-                                  *w, s.byte_len)) {
+                                  *w, piece, s.byte_len)) {
       wc.status = IBV_WC_LOC_PROT_ERR;
     }
     wc.wr_id = w->wr_id;

@@ -406,16 +406,17 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   uint32_t staging_demand_ = 0;
   uint32_t staged_ = 0;
   RecvStaging* StagingLocked();
-  // Copies a message left in a staging or receive slot into `w`'s buffers; false when one is gone.
-  bool CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w, uint32_t byte_len);
   // The one piece of a published WQE (by slot), resolved at publication, so that a message that
-  // came in its slot is copied without a lookup while no region was removed or changed since
-  // (MrTable::generation); staged or not. host nullptr: several pieces.
+  // came in its slot or its staging buffer is copied without a lookup while no region was removed
+  // or changed since (MrTable::generation); staged or not. host nullptr: several pieces.
   struct PublishedPiece {
     uint8_t* host = nullptr;
     uint32_t length = 0;
     uint64_t generation = 0;
   };
+  // Copies a message left in a staging or receive slot into `w`'s buffers; false when one is gone.
+  bool CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
+                         const PublishedPiece& piece, uint32_t byte_len);
   PublishedPiece published_[link::kDirectRecvSlots];
   bool refill_due_ = false;  // Hca::refill_due_ was set when it became true
   int direct_watch_ = -1;    // its entry in the HCA's watched receive queues, if it has one
