@@ -11,6 +11,7 @@
 #include "core/limits.h"
 #include "core/qp.h"
 #include "link/place.h"
+#include "link/placement_guard.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {
@@ -120,8 +121,10 @@ bool Qp::TryDirectLocked(SendWqe& w) {
         }
         break;
       case IBV_WR_RDMA_READ:
-        for (uint32_t i = 0; i < n; remote += lens[i], ++i)
-          link::PlaceBytes(local[i], remote, lens[i]);
+        // Into pages of ours the application may have made read-only (link/placement_guard.h);
+        // refused, the READ goes the long way, which fails it.
+        for (uint32_t i = 0; i < n && done; remote += lens[i], ++i)
+          done = link::PlaceGuarded(local[i], remote, lens[i]);
         break;
       default:
         done = ApplyAtomic(remote, w.opcode, w.compare_add, w.swap, local[0]);

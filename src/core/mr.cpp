@@ -8,6 +8,7 @@
 #include "core/unpredictable.h"
 #include "link/process_maps.h"
 #include "link/shared_memory.h"
+#include "link/placement_guard.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {
@@ -56,6 +57,7 @@ void PublishWindow(const Mr& m) {
 
 // Shares the region's pages (best effort) and notes the part its window will cover.
 void Share(Mr* m) {
+  link::InstallFaultHandler();  // for placements into pages made read-only later
   if (StaysPrivate(*m)) return;
   m->registration = link::SharedMemory::Get().Share(m->addr, m->length);
   uint64_t skip, len, offset;

@@ -601,10 +601,33 @@ void Qp::RxEnd(link::Channel& ch, link::RxTarget& t) {
   if (rx_active_ == 0) return;  // the header was refused before counting
   --rx_active_;
   if (shut_down_) return;
+  if (t.refused) RefusedPlacementLocked(w);
   if (w.is_response)
     RxResponseEnd(w);
   else
     RxRequestEnd(ch, w);
+}
+
+// Bytes that could not be written into a page the application made read-only, with no way around
+// its protection (link/placement_guard.h): the access fails as a page fault on an HCA fails it.
+void Qp::RefusedPlacementLocked(RxWork& w) {
+  SOFTRDMA_LOG("qp %#x: psn %#x: payload not placed (read-only pages, /proc/self/mem refused)",
+               qpn_, w.psn);
+  if (w.is_response) {
+    if (w.kind == RxWork::kReadResponse && w.wqe_index >= head_ && w.wqe_index < next_) {
+      SendWqe& s = SqAt(w.wqe_index);
+      if (!s.done && state_ != IBV_QPS_ERR) FailHeadLocked(w.wqe_index, IBV_WC_LOC_PROT_ERR);
+    }
+    w.kind = RxWork::kDrop;
+    return;
+  }
+  if (w.nak != RxWork::kNoNak) return;  // failed already
+  if (w.has_recv) {
+    w.recv_status = IBV_WC_LOC_PROT_ERR;
+    w.nak = wire::aeth::kNakRemoteOperation;
+  } else {
+    w.nak = wire::aeth::kNakRemoteAccess;
+  }
 }
 
 void Qp::RxAbort(link::RxTarget& t) {

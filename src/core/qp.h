@@ -270,6 +270,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // A positive ACK of the send WQE at `idx` (and all before it), from a frame or a rider.
   void AckedThroughLocked(uint64_t idx);
   void RxResponseEnd(RxWork& w);
+  void RefusedPlacementLocked(RxWork& w);
   void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
   // The send completion of a finished WQE, when it is signaled or failed.
   void PushSendCompletionLocked(const SendWqe& w);

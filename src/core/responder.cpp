@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/qp.h"
 #include "core/qp_internal.h"
+#include "link/placement_guard.h"
 
 namespace softrdma::core {
 bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
@@ -100,6 +101,33 @@ void Qp::ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_
   EnterErrorLocked();
   RaiseAsync(ev);
 }
+
+namespace {
+
+// An HCA's atomic lands in a page the application made read-only since registration, too
+// (link/placement_guard.h). There it is a read and a write past the protection, not atomic against
+// a same-host peer's direct atomic on that very word meanwhile. False when even that was refused.
+bool ExecuteAtomic(uint8_t* host, bool compare_swap, uint64_t compare, uint64_t value,
+                   uint64_t* orig) {
+  auto* target = reinterpret_cast<uint64_t*>(host);
+  bool done = link::RunGuarded([&] {
+    if (compare_swap) {
+      *orig = compare;
+      __atomic_compare_exchange_n(target, orig, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    } else {
+      *orig = __atomic_fetch_add(target, value, __ATOMIC_SEQ_CST);
+    }
+  });
+  if (done) return true;
+  uint64_t now;
+  if (!link::ReadIgnoringProtection(&now, host, sizeof now)) return false;
+  const uint64_t next = compare_swap ? (now == compare ? value : now) : now + value;
+  if (!link::WriteIgnoringProtection(host, &next, sizeof next)) return false;
+  *orig = now;
+  return true;
+}
+
+}  // namespace
 
 void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
   RxWork& w = WorkOf(t);
@@ -304,15 +332,10 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
                                        false, &why, qpn_, nullptr, &mr_cache_);
     if (!host)
       return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
-    auto* target = reinterpret_cast<uint64_t*>(host);
     uint64_t orig;
-    if ((opcode & 0x1f) == op::kCompareSwap) {
-      orig = a->compare_value();
-      __atomic_compare_exchange_n(target, &orig, a->swap_add_value(), false, __ATOMIC_SEQ_CST,
-                                  __ATOMIC_SEQ_CST);
-    } else {
-      orig = __atomic_fetch_add(target, a->swap_add_value(), __ATOMIC_SEQ_CST);
-    }
+    if (!ExecuteAtomic(host, (opcode & 0x1f) == op::kCompareSwap, a->compare_value(),
+                       a->swap_add_value(), &orig))
+      return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     atomic_replay_[atomic_replay_next_++ % kMaxRdAtomic] = AtomicReplay{psn, orig, true};
     rq_psn_ = (psn + 1) & wire::kPsnMask;
     ++msn_;

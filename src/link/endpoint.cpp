@@ -535,6 +535,13 @@ class TcpChannel final : public ServedChannel {
       want -= len;
     }
     ssize_t r = sys::Readv(fd_, iov, n);
+    if (r < 0 && errno == EFAULT) {
+      // The kernel met a page it may not write: one the application made read-only (or one being
+      // moved onto the arena). The frame's payload goes through the staging buffer, whose copy
+      // gets past that (link/placement_guard.h); nothing was consumed.
+      buffered_frame_ = true;
+      return true;
+    }
     if (r <= 0) {
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
       dead_ = true;
@@ -554,8 +561,9 @@ class TcpChannel final : public ServedChannel {
         rx_begin_ += c;
         continue;
       }
-      bool ok =
-          (remaining_ >= kDirectReadBytes && cursor_.seg < target_.nseg) ? ReadDirect() : Fill();
+      bool ok = (remaining_ >= kDirectReadBytes && cursor_.seg < target_.nseg && !buffered_frame_)
+                    ? ReadDirect()
+                    : Fill();
       if (!ok) return false;
     }
     in_frame_ = false;
@@ -679,6 +687,7 @@ class TcpChannel final : public ServedChannel {
       rx_begin_ += head + h.hdr_len;
       target_.Reset();
       in_frame_ = true;
+      buffered_frame_ = false;
       remaining_ = h.payload_len;
       cursor_ = RxCursor{};
       ep_.sink.OnFrameHeader(*this, hdr, h.hdr_len, h.payload_len, target_, rider_ack);
@@ -735,6 +744,7 @@ class TcpChannel final : public ServedChannel {
   RxTarget target_;
   uint64_t remaining_ = 0;
   RxCursor cursor_;                 // where the next payload byte of the frame goes
+  bool buffered_frame_ = false;     // the frame's payload is not read straight into its target
   uint64_t frame_dgram_bytes_ = 0;  // the current frame is a datagram of this many bytes
   uint64_t dgram_consumed_ = 0, dgram_reported_ = 0;  // datagram bytes consumed, and credited
 };

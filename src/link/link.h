@@ -75,6 +75,8 @@ struct RxTarget {
   // Set by the sink in OnFrameHeader after Channel::Hold: the channel keeps the frame (nothing of
   // it is delivered, no OnFrameEnd) and hands it over again once resumed.
   bool wait = false;
+  // A placement could not be written (link/placement_guard.h): the sink fails the access.
+  bool refused = false;
   // Sink-private per-frame state (the core keeps the receive WQE a message took here).
   alignas(8) unsigned char scratch[704] = {};
   void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
@@ -84,6 +86,7 @@ struct RxTarget {
     nseg = 0;
     hold.reset();
     wait = false;
+    refused = false;
   }
 };
 

@@ -9,6 +9,8 @@
 
 #include <atomic>
 
+#include "link/placement_guard.h"
+
 namespace softrdma::link {
 namespace {
 
@@ -72,6 +74,7 @@ void OnFault(int sig, siginfo_t* info, void* context) {
     WaitWhileMoving();
     if (NowNs() - g_ended_ns.load(std::memory_order_acquire) < kLateFaultNs) return;  // write again
   }
+  ResumeFaultedPlacement(info);  // a placement into pages the application made read-only
   PassOn(sig, info, context);
 }
 
@@ -103,6 +106,11 @@ void EndMove(bool restore) {
 }
 
 }  // namespace
+
+void InstallFaultHandler() {
+  static const bool installed = Install();
+  (void)installed;
+}
 
 PageMoveGuard::PageMoveGuard(uintptr_t start, size_t len) : on_(Install()) {
   if (!on_) return;

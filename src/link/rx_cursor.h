@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "link/link.h"
-#include "link/place.h"
+#include "link/placement_guard.h"
 
 namespace softrdma::link {
 
@@ -18,7 +18,7 @@ struct RxCursor {
     while (n > 0 && seg < t.nseg) {
       iovec& s = t.seg[seg];
       size_t c = std::min(n, s.iov_len - off);
-      if (c) PlaceBytes(static_cast<uint8_t*>(s.iov_base) + off, src, c);
+      if (c && !PlaceGuarded(static_cast<uint8_t*>(s.iov_base) + off, src, c)) t.refused = true;
       src += c;
       n -= c;
       Step(t, c);

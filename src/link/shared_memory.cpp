@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "link/page_move_guard.h"
+#include "link/place.h"
 #include "link/process_maps.h"
 #include "link/sanitizers.h"
 
@@ -304,6 +305,35 @@ SharedMemory::Piece SharedMemory::Find(const void* p, size_t n) const {
   }
   size_t until = it == ranges_.end() ? n : it->first - a;
   return Piece{false, 0, until < n ? until : n};
+}
+
+namespace {
+
+// Runs fn(pointer to the byte at `offset`) on a mapping of `n` bytes of the arena made for it.
+template <typename Fn>
+bool OnArenaMapping(int fd, uint64_t offset, size_t n, Fn fn) {
+  if (fd < 0) return false;
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset & ~(page - 1);
+  const size_t len = static_cast<size_t>(offset - start) + n;
+  void* m =
+      MapDirect(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (m == MAP_FAILED) return false;
+  fn(static_cast<uint8_t*>(m) + (offset - start));
+  munmap(m, len);
+  return true;
+}
+
+}  // namespace
+
+bool SharedMemory::CopyIntoArena(uint64_t offset, const void* from, size_t n) {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  return OnArenaMapping(fd_, offset, n, [&](uint8_t* p) { PlaceBytes(p, from, n); });
+}
+
+bool SharedMemory::CopyOutOfArena(uint64_t offset, void* to, size_t n) {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  return OnArenaMapping(fd_, offset, n, [&](uint8_t* p) { std::memcpy(to, p, n); });
 }
 
 void SharedMemory::AfterForkInChild() {

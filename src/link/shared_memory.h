@@ -52,6 +52,11 @@ class SharedMemory {
     size_t len;  // bytes from p that are all shared, or all not shared (≤ n)
   };
   Piece Find(const void* p, size_t n) const;
+  // Copies into or out of the arena at `offset` through a mapping of its own, read-write whatever
+  // the application made of the pages where it registered them (link/placement_guard.h). False
+  // when the arena cannot be mapped.
+  bool CopyIntoArena(uint64_t offset, const void* from, size_t n);
+  bool CopyOutOfArena(uint64_t offset, void* to, size_t n);
 
   // A read-only descriptor of the arena for peers, -1 while nothing is shared.
   int PeerFd();

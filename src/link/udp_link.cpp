@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "link/frame_codec.h"
-#include "link/place.h"
+#include "link/placement_guard.h"
 #include "link/plain_syscall.h"
 
 namespace softrdma::link {
@@ -132,7 +132,7 @@ void UdpLink::OnReadable() {
     size_t left = h.payload_len;
     for (int s = 0; s < t.nseg && left > 0; ++s) {
       size_t c = t.seg[s].iov_len < left ? t.seg[s].iov_len : left;
-      PlaceBytes(t.seg[s].iov_base, payload, c);
+      if (!PlaceGuarded(t.seg[s].iov_base, payload, c)) t.refused = true;
       payload += c;
       left -= c;
     }

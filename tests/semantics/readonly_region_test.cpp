@@ -1,0 +1,205 @@
+// Registered pages the application makes read-only (mprotect) after ibv_reg_mr: an HCA writes
+// them all the same (its DMA goes to the pinned pages, not through the process's page tables), so
+// a peer's WRITE, SEND and atomic land, and so does a READ response in a local buffer. Before,
+// the responder's copy into such a page killed the process (SIGSEGV), the TCP link's read of a
+// large payload into it dropped the connection (EFAULT).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "support/fresh_process.h"
+#include "support/semantics_harness.h"
+
+namespace semantics {
+namespace {
+
+using ReadOnlyRegion = VerbsTest;
+
+// One page (stays private memory) and kLargeBytes (moved onto the shared arena at registration):
+// the two kinds of registered pages.
+constexpr size_t kLargeBytes = 256 * 1024;
+// A WRITE this large is read from a TCP socket straight into its destination.
+constexpr uint32_t kLargeWrite = 100 * 1024;
+constexpr size_t kSendAt = 1024, kAtomicAt = 512, kWriteAt = 8;
+
+struct ReadOnlyPages {
+  ReadOnlyPages(ibv_pd* pd, size_t len) : len(len) {
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base = static_cast<uint8_t*>(p);
+    std::memset(base, 0, len);
+    mr = ibv_reg_mr(pd, base, len, kAllAccess);
+    if (mr && mprotect(base, len, PROT_READ) != 0) {
+      ibv_dereg_mr(mr);
+      mr = nullptr;
+    }
+  }
+  ~ReadOnlyPages() {
+    if (mr) ibv_dereg_mr(mr);
+    if (base) munmap(base, len);
+  }
+  bool ok() const { return mr != nullptr; }
+  uint64_t addr(size_t off) const { return reinterpret_cast<uintptr_t>(base) + off; }
+  size_t len;
+  uint8_t* base = nullptr;
+  ibv_mr* mr = nullptr;
+};
+
+struct Targets {
+  uint64_t small = 0, large = 0;
+  uint32_t small_rkey = 0, large_rkey = 0;
+};
+
+uint8_t Pattern(size_t i) {
+  return static_cast<uint8_t>(i * 7 + 3);
+}
+
+// The requester's part: WRITEs into both kinds of pages, a SEND (the peer posted a receive into
+// read-only pages), atomics, and READs back, each checked. `out` holds kLargeWrite bytes.
+void WriteIntoReadOnlyPages(ibv_qp* qp, ibv_cq* scq, Buffer& out, const Targets& t) {
+  for (size_t i = 0; i < kLargeWrite; ++i) out.data()[i] = Pattern(i);
+  ibv_wc wc{};
+  uint64_t id = 1;
+  auto complete = [&](const char* what) {
+    ASSERT_TRUE(PollOne(scq, &wc)) << what;
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << what << ": " << WcStr(wc);
+  };
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_WRITE, out, 0, 64, t.small + kWriteAt, t.small_rkey, id++), 0);
+  complete("WRITE into a private page");
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_WRITE, out, 0, kLargeWrite, t.large, t.large_rkey, id++), 0);
+  complete("WRITE into arena pages");
+  ASSERT_EQ(PostSendMsg(qp, out, 0, 32, id++), 0);
+  complete("SEND");
+  ASSERT_EQ(PostAtomic(qp, IBV_WR_ATOMIC_FETCH_AND_ADD, out, kLargeWrite - 8, t.small + kAtomicAt,
+                       t.small_rkey, 5, 0, id++),
+            0);
+  complete("FETCH_AND_ADD");
+  uint64_t written;  // what the large WRITE left in the word the swap compares
+  std::memcpy(&written, out.data() + kAtomicAt, 8);
+  ASSERT_EQ(PostAtomic(qp, IBV_WR_ATOMIC_CMP_AND_SWP, out, kLargeWrite - 8, t.large + kAtomicAt,
+                       t.large_rkey, written, 9, id++),
+            0);
+  complete("CMP_AND_SWP");
+  std::memset(out.data(), 0, kLargeWrite);
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_READ, out, 0, 64, t.small + kWriteAt, t.small_rkey, id++), 0);
+  complete("READ from a private page");
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(out.data()[i], Pattern(i)) << "byte " << i;
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_READ, out, 0, kLargeWrite, t.large, t.large_rkey, id++), 0);
+  complete("READ from arena pages");
+  for (size_t i = 0; i < kLargeWrite; ++i) {
+    if (i >= kAtomicAt && i < kAtomicAt + 8) continue;  // the swapped word
+    ASSERT_EQ(out.data()[i], Pattern(i)) << "byte " << i;
+  }
+  uint64_t word;
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_READ, out, 0, 8, t.small + kAtomicAt, t.small_rkey, id++), 0);
+  complete("READ of the added word");
+  std::memcpy(&word, out.data(), 8);
+  EXPECT_EQ(word, 5u);
+  ASSERT_EQ(PostRdma(qp, IBV_WR_RDMA_READ, out, 0, 8, t.large + kAtomicAt, t.large_rkey, id++), 0);
+  complete("READ of the swapped word");
+  std::memcpy(&word, out.data(), 8);
+  EXPECT_EQ(word, 9u);
+}
+
+// The responder's part, after the requester's: its own view of the pages and the SEND's completion.
+// An empty string when all is as it should be.
+std::string CheckReadOnlyPages(const ReadOnlyPages& small, const ReadOnlyPages& large,
+                               ibv_cq* rcq) {
+  for (size_t i = 0; i < 64; ++i)
+    if (small.base[kWriteAt + i] != Pattern(i)) return "private page, byte " + std::to_string(i);
+  for (size_t i = 0; i < 32; ++i)
+    if (small.base[kSendAt + i] != Pattern(i)) return "SEND, byte " + std::to_string(i);
+  uint64_t added, swapped;
+  std::memcpy(&added, small.base + kAtomicAt, 8);
+  std::memcpy(&swapped, large.base + kAtomicAt, 8);
+  if (added != 5 || swapped != 9) return "atomics";
+  ibv_wc wc{};
+  if (!PollOne(rcq, &wc)) return "no receive completion";
+  if (wc.status != IBV_WC_SUCCESS || wc.byte_len != 32) return "receive: " + WcStr(wc);
+  return "";
+}
+
+TEST_F(ReadOnlyRegion, PeersWriteSendAndAtomicIntoPagesMadeReadOnly) {
+  ReadOnlyPages small(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  ReadOnlyPages large(v.pd, kLargeBytes);
+  ASSERT_TRUE(small.ok() && large.ok()) << strerror(errno);
+  Buffer* out = Buf(kLargeWrite);
+  Qp *a, *b;
+  Pair(QpOpts{}, &a, &b);
+  ASSERT_EQ(PostRecvSge(b->qp, ibv_sge{small.addr(kSendAt), 64, small.mr->lkey}, 1), 0);
+  WriteIntoReadOnlyPages(a->qp, a->scq, *out,
+                         Targets{small.addr(0), large.addr(0), small.mr->rkey, large.mr->rkey});
+  EXPECT_EQ(CheckReadOnlyPages(small, large, b->rcq), "");
+}
+
+// A READ's response lands in a local buffer made read-only, too.
+TEST_F(ReadOnlyRegion, AReadLandsInALocalBufferMadeReadOnly) {
+  ReadOnlyPages local(v.pd, kLargeBytes);
+  ASSERT_TRUE(local.ok()) << strerror(errno);
+  Buffer* source = Buf(kLargeWrite);
+  for (size_t i = 0; i < kLargeWrite; ++i) source->data()[i] = Pattern(i);
+  Qp *a, *b;
+  Pair(QpOpts{}, &a, &b);
+  for (uint32_t len : {uint32_t{64}, kLargeWrite}) {
+    ibv_send_wr wr{};
+    ibv_sge sge{local.addr(0), len, local.mr->lkey};
+    wr.wr_id = len;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = source->addr(0);
+    wr.wr.rdma.rkey = source->rkey();
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(a->qp, &wr, &bad), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    ASSERT_EQ(std::memcmp(local.base, source->data(), len), 0) << len << " bytes";
+  }
+}
+
+// The same between two processes: the peer's pages are made read-only in the peer.
+int ReadOnlyTarget(ChildPipe p, QpOpts o) {
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  ReadOnlyPages small(c.v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  ReadOnlyPages large(c.v.pd, kLargeBytes);
+  if (!small.ok() || !large.ok()) return 14;
+  if (PostRecvSge(c.q->qp, ibv_sge{small.addr(kSendAt), 64, small.mr->lkey}, 1)) return 15;
+  if (!p.Send(Targets{small.addr(0), large.addr(0), small.mr->rkey, large.mr->rkey})) return 16;
+  char done;
+  if (!p.Recv(&done)) return 17;
+  return CheckReadOnlyPages(small, large, c.q->rcq).empty() ? 0 : 18;
+}
+
+TEST_F(ReadOnlyRegion, APeerProcessWritesIntoPagesMadeReadOnly) {
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* out = Buf(kLargeWrite);
+  ASSERT_TRUE(a && out);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) {
+    return ReadOnlyTarget(ChildPipe{up, down}, {});
+  }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+  Targets t;
+  ASSERT_TRUE(child.Recv(&t));
+  WriteIntoReadOnlyPages(a->qp, a->scq, *out, t);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer's view of its pages was wrong (18) or it failed";
+}
+
+TEST(ReadOnlyRegionOnTcp, APeerProcessWritesIntoPagesMadeReadOnly) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("ReadOnlyRegion.APeerProcessWritesIntoPagesMadeReadOnly", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
+}  // namespace
+}  // namespace semantics
