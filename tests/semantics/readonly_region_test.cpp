@@ -17,6 +17,9 @@ namespace {
 
 using ReadOnlyRegion = VerbsTest;
 
+// link/placement_guard.h: not under ThreadSanitizer.
+constexpr const char* kNotUnderTsan = "placements are not guarded under ThreadSanitizer";
+
 // One page (stays private memory) and kLargeBytes (moved onto the shared arena at registration):
 // the two kinds of registered pages.
 constexpr size_t kLargeBytes = 256 * 1024;
@@ -122,6 +125,7 @@ std::string CheckReadOnlyPages(const ReadOnlyPages& small, const ReadOnlyPages& 
 }
 
 TEST_F(ReadOnlyRegion, PeersWriteSendAndAtomicIntoPagesMadeReadOnly) {
+  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   ReadOnlyPages small(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
   ReadOnlyPages large(v.pd, kLargeBytes);
   ASSERT_TRUE(small.ok() && large.ok()) << strerror(errno);
@@ -136,6 +140,7 @@ TEST_F(ReadOnlyRegion, PeersWriteSendAndAtomicIntoPagesMadeReadOnly) {
 
 // A READ's response lands in a local buffer made read-only, too.
 TEST_F(ReadOnlyRegion, AReadLandsInALocalBufferMadeReadOnly) {
+  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   ReadOnlyPages local(v.pd, kLargeBytes);
   ASSERT_TRUE(local.ok()) << strerror(errno);
   Buffer* source = Buf(kLargeWrite);
@@ -176,6 +181,7 @@ int ReadOnlyTarget(ChildPipe p, QpOpts o) {
 }
 
 TEST_F(ReadOnlyRegion, APeerProcessWritesIntoPagesMadeReadOnly) {
+  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   Qp* a = v.NewQp(QpOpts{});
   Buffer* out = Buf(kLargeWrite);
   ASSERT_TRUE(a && out);
