@@ -6,9 +6,9 @@
 #include <mutex>
 
 #include "core/unpredictable.h"
+#include "link/placement_guard.h"
 #include "link/process_maps.h"
 #include "link/shared_memory.h"
-#include "link/placement_guard.h"
 #include "link/shared_windows.h"
 
 namespace softrdma::core {

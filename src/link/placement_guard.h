@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstddef>
 
 #include "link/place.h"
@@ -44,6 +45,17 @@ bool WriteIgnoringProtection(void* to, const void* from, size_t n);
 // Installs the fault handler (once; a page move installs it again if the application replaced it).
 void InstallFaultHandler();
 
+// The signal fences keep the compiler from moving the placement's stores (volatile ones among
+// them) out of the armed stretch.
+inline void Arm(FaultRecovery& r) {
+  r.armed = true;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+inline void Disarm(FaultRecovery& r) {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.armed = false;
+}
+
 // PlaceBytes that survives a destination the application made read-only. False when the bytes
 // could not be written at all (no /proc/self/mem, say): the caller fails the access.
 inline bool PlaceGuarded(void* dst, const void* src, size_t n) {
@@ -57,14 +69,14 @@ inline bool PlaceGuarded(void* dst, const void* src, size_t n) {
     UnblockFaults();
     return WriteIgnoringProtection(dst, src, n);
   }
-  r.armed = true;
+  Arm(r);
   PlaceBytes(dst, src, n);
-  r.armed = false;
+  Disarm(r);
   return true;
 }
 
 // Runs `op`, a single access to application memory (an atomic), armed: false when it faulted,
-// and then it did nothing (the caller goes through /proc/self/mem).
+// and then it did nothing (the caller goes past the protection, ReadIgnoringProtection).
 template <typename Op>
 inline bool RunGuarded(Op op) {
   if constexpr (kThreadSanitizer) {
@@ -76,9 +88,9 @@ inline bool RunGuarded(Op op) {
     UnblockFaults();
     return false;
   }
-  r.armed = true;
+  Arm(r);
   op();
-  r.armed = false;
+  Disarm(r);
   return true;
 }
 
