@@ -166,6 +166,50 @@ TEST_F(ReadOnlyRegion, AReadLandsInALocalBufferMadeReadOnly) {
   }
 }
 
+// The application's own shared memory (a memfd) made read-only: /proc/self/mem does not write a
+// read-only shared mapping, and we have no other way in. The access fails as a page fault on an
+// HCA fails it: REM_ACCESS_ERR for a WRITE, LOC_PROT_ERR at the receiver of a SEND (REM_OP_ERR at
+// its sender); the responder lives on.
+TEST_F(ReadOnlyRegion, SharedMemoryOfTheApplicationMadeReadOnlyFailsTheAccess) {
+  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
+  const size_t len = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const int fd = memfd_create("readonly-region-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(len)), 0);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  auto* base = static_cast<uint8_t*>(p);
+  ibv_mr* mr = ibv_reg_mr(v.pd, base, len, kAllAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  ASSERT_EQ(mprotect(base, len, PROT_READ), 0);
+  Buffer* out = Buf(64);
+  out->Fill(0x5a);
+  ibv_wc wc{};
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *out, 0, 64, reinterpret_cast<uintptr_t>(base),
+                       mr->rkey, 1),
+              0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
+  }
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ASSERT_EQ(PostRecvSge(b->qp, ibv_sge{reinterpret_cast<uintptr_t>(base), 64, mr->lkey}, 2), 0);
+    ASSERT_EQ(PostSendMsg(a->qp, *out, 0, 32, 3), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << WcStr(wc);
+    ASSERT_TRUE(PollOne(b->rcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
+  }
+  EXPECT_EQ(base[0], 0) << "nothing was written";
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(p, len);
+}
+
 // The same between two processes: the peer's pages are made read-only in the peer.
 int ReadOnlyTarget(ChildPipe p, QpOpts o) {
   ChildQp c;
