@@ -29,10 +29,6 @@ struct ThreadRecord {
   PlacingThread* slot = nullptr;
   ThreadRecord() {
     const pthread_t self = pthread_self();
-    // A slot still holding this id was a thread's whose descriptor this one reuses, and which
-    // left without its destructor (in a fork child, the parent's other threads just vanish).
-    for (PlacingThread& p : g_placing)
-      if (p.thread.load(std::memory_order_relaxed) == self) slot = &p;
     for (int i = 0; !slot && i < kPlacingThreads; ++i) {
       pthread_t none{};
       if (g_placing[i].thread.compare_exchange_strong(none, self)) slot = &g_placing[i];
@@ -108,6 +104,15 @@ void ResumeFaultedPlacement(const siginfo_t* info) {
     if (!r || !r->armed) return;
     r->armed = false;
     siglongjmp(r->resume, 1);
+  }
+}
+
+void ForgetOtherPlacingThreads() {
+  const pthread_t self = pthread_self();
+  for (PlacingThread& p : g_placing) {
+    if (p.thread.load(std::memory_order_relaxed) == self) continue;
+    p.recovery.store(nullptr, std::memory_order_relaxed);
+    p.thread.store(pthread_t{}, std::memory_order_relaxed);
   }
 }
 

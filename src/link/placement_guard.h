@@ -35,6 +35,10 @@ FaultRecovery& ThisThreadsRecovery();
 // does not return); anything else returns.
 void ResumeFaultedPlacement(const siginfo_t* info);
 
+// In a fork child: the parent's other threads are gone without their records' destructors, and a
+// new thread may get one's descriptor (its pthread_t).
+void ForgetOtherPlacingThreads();
+
 // Back from a fault: the handler's mask (SIGSEGV blocked) is still on; lifts it.
 void UnblockFaults();
 
