@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "core/unpredictable.h"
-#include "link/placement_guard.h"
+#include "link/page_move_guard.h"
 #include "link/process_maps.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"

@@ -13,6 +13,11 @@
 
 namespace softrdma::link {
 
+// Installs our SIGSEGV handler, which also serves placements into pages the application made
+// read-only (link/placement_guard.h): once, at the first registration; a move installs it again
+// if the application replaced it since.
+void InstallFaultHandler();
+
 // One move, one guard on the mover's stack: it makes [start, start+len) read-only (one move at a
 // time: callers serialise moves), and its end wakes the writers that wait. A move not confirmed by
 // Moved() failed: the old pages stay and are made writable again.

@@ -46,9 +46,6 @@ void UnblockFaults();
 bool ReadIgnoringProtection(void* to, const void* from, size_t n);
 bool WriteIgnoringProtection(void* to, const void* from, size_t n);
 
-// Installs the fault handler (once; a page move installs it again if the application replaced it).
-void InstallFaultHandler();
-
 // The signal fences keep the compiler from moving the placement's stores (volatile ones among
 // them) out of the armed stretch.
 inline void Arm(FaultRecovery& r) {
