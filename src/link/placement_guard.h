@@ -46,38 +46,9 @@ void UnblockFaults();
 bool ReadIgnoringProtection(void* to, const void* from, size_t n);
 bool WriteIgnoringProtection(void* to, const void* from, size_t n);
 
-// The signal fences keep the compiler from moving the placement's stores (volatile ones among
-// them) out of the armed stretch.
-inline void Arm(FaultRecovery& r) {
-  r.armed = true;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-}
-inline void Disarm(FaultRecovery& r) {
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  r.armed = false;
-}
-
-// PlaceBytes that survives a destination the application made read-only. False when the bytes
-// could not be written at all (no /proc/self/mem, say): the caller fails the access.
-inline bool PlaceGuarded(void* dst, const void* src, size_t n) {
-  if constexpr (kThreadSanitizer) {
-    PlaceBytes(dst, src, n);
-    return true;
-  }
-  FaultRecovery& r = ThisThreadsRecovery();
-  // No signal mask saved: that would be a system call per placement.
-  if (sigsetjmp(r.resume, 0) != 0) {
-    UnblockFaults();
-    return WriteIgnoringProtection(dst, src, n);
-  }
-  Arm(r);
-  PlaceBytes(dst, src, n);
-  Disarm(r);
-  return true;
-}
-
-// Runs `op`, a single access to application memory (an atomic), armed: false when it faulted,
-// and then it did nothing (the caller goes past the protection, ReadIgnoringProtection).
+// Runs `op`, a write into application memory, armed: false when it faulted, and then it may have
+// done part of its work (the caller goes past the protection). The signal fences keep the compiler
+// from moving op's stores (volatile ones among them) out of the armed stretch.
 template <typename Op>
 inline bool RunGuarded(Op op) {
   if constexpr (kThreadSanitizer) {
@@ -85,14 +56,23 @@ inline bool RunGuarded(Op op) {
     return true;
   }
   FaultRecovery& r = ThisThreadsRecovery();
+  // No signal mask saved: that would be a system call per placement.
   if (sigsetjmp(r.resume, 0) != 0) {
     UnblockFaults();
     return false;
   }
-  Arm(r);
+  r.armed = true;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   op();
-  Disarm(r);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  r.armed = false;
   return true;
+}
+
+// PlaceBytes that survives a destination the application made read-only. False when the bytes
+// could not be written at all (no /proc/self/mem, say): the caller fails the access.
+inline bool PlaceGuarded(void* dst, const void* src, size_t n) {
+  return RunGuarded([&] { PlaceBytes(dst, src, n); }) || WriteIgnoringProtection(dst, src, n);
 }
 
 }  // namespace softrdma::link
