@@ -8,6 +8,7 @@
 #include "core/hca.h"
 #include "core/qp.h"
 #include "core/qp_internal.h"
+#include "link/placement_guard.h"
 
 namespace softrdma::core {
 namespace {
@@ -177,8 +178,8 @@ void Qp::RxResponseHeader(link::Channel& /*ch*/, const Packet& p, link::RxTarget
     KeyCheck why;
     uint8_t* host = hca_.mrs().Resolve(w.sge[0].lkey, pd_, w.sge[0].addr, 8, IBV_ACCESS_LOCAL_WRITE,
                                        true, &why);
-    if (!host) return FailHeadLocked(idx, IBV_WC_LOC_PROT_ERR);
-    std::memcpy(host, &orig, 8);
+    // Into pages the application may have made read-only (link/placement_guard.h).
+    if (!host || !link::StoreGuarded(host, orig)) return FailHeadLocked(idx, IBV_WC_LOC_PROT_ERR);
     CompleteSendWqeLocked(w, IBV_WC_SUCCESS);
     if (rd_outstanding_ > 0) --rd_outstanding_;
     retry_left_ = attr_.retry_cnt;

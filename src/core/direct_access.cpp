@@ -17,10 +17,13 @@
 namespace softrdma::core {
 namespace {
 
-// CAS or FETCH_ADD on the word at `where`, its original value stored at `result`. False, and
-// nothing done, when the word is not 8-byte aligned in this process's mapping: not a CPU atomic
-// here, so the responder decides.
-bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap, uint8_t* result) {
+// CAS or FETCH_ADD on the word at `where`, its original value placed at `result` (a local buffer,
+// possibly in pages the application made read-only: link/placement_guard.h). False, and nothing
+// done, when the word is not 8-byte aligned in this process's mapping: not a CPU atomic here, so
+// the responder decides. Otherwise the status of the work request: LOC_PROT_ERR when the result
+// could not be placed (the atomic is done, as an HCA's is when its write of the result faults).
+bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap, uint8_t* result,
+                 ibv_wc_status* status) {
   if (reinterpret_cast<uintptr_t>(where) & 7) return false;
   auto* target = reinterpret_cast<uint64_t*>(where);
   uint64_t orig = compare_add;
@@ -28,7 +31,7 @@ bool ApplyAtomic(uint8_t* where, int opcode, uint64_t compare_add, uint64_t swap
     __atomic_compare_exchange_n(target, &orig, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   else
     orig = __atomic_fetch_add(target, compare_add, __ATOMIC_SEQ_CST);
-  std::memcpy(result, &orig, 8);
+  *status = link::StoreGuarded(result, orig) ? IBV_WC_SUCCESS : IBV_WC_LOC_PROT_ERR;
   return true;
 }
 
@@ -107,6 +110,7 @@ bool Qp::TryDirectLocked(SendWqe& w) {
     }
     lens[n++] = s.length;
   }
+  w.status = IBV_WC_SUCCESS;  // an atomic whose result could not be placed says otherwise
   if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);
 
   bool done = true;
@@ -127,7 +131,7 @@ bool Qp::TryDirectLocked(SendWqe& w) {
           done = link::PlaceGuarded(local[i], remote, lens[i]);
         break;
       default:
-        done = ApplyAtomic(remote, w.opcode, w.compare_add, w.swap, local[0]);
+        done = ApplyAtomic(remote, w.opcode, w.compare_add, w.swap, local[0], &w.status);
     }
   };
   return peer->With(w.rkey, attr_.dest_qp_num, w.remote_addr, w.length, right, op, &window_memo_) ==
@@ -185,8 +189,8 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
     for (int i = 0; i < wr.num_sge; ++i) w.length += wr.sg_list[i].length;
   }
   if (!TryDirectLocked(w)) return false;
-  w.status = IBV_WC_SUCCESS;
   PushSendCompletionLocked(w);
+  if (w.status != IBV_WC_SUCCESS) EnterErrorLocked();
   return true;
 }
 
@@ -202,8 +206,10 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
       hca_.mrs().ResolveLocalCached(s->lkey, pd_, s->addr, 8, IBV_ACCESS_LOCAL_WRITE, mr_cache_);
   if (!local) return false;
   bool aligned = true;
+  ibv_wc_status status = IBV_WC_SUCCESS;
   auto op = [&](uint8_t* remote) {
-    aligned = ApplyAtomic(remote, wr.opcode, wr.wr.atomic.compare_add, wr.wr.atomic.swap, local);
+    aligned =
+        ApplyAtomic(remote, wr.opcode, wr.wr.atomic.compare_add, wr.wr.atomic.swap, local, &status);
   };
   if (peer->With(wr.wr.atomic.rkey, attr_.dest_qp_num, remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, op,
                  &window_memo_) != link::PeerWindows::Access::kDone ||
@@ -214,8 +220,9 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
   w.opcode = wr.opcode;
   w.send_flags = wr.send_flags;
   w.length = 8;
-  w.status = IBV_WC_SUCCESS;
+  w.status = status;
   PushSendCompletionLocked(w);
+  if (status != IBV_WC_SUCCESS) EnterErrorLocked();
   return true;
 }
 

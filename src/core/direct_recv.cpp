@@ -16,6 +16,7 @@
 #include "core/qp.h"
 #include "core/recv_staging.h"
 #include "link/place.h"
+#include "link/placement_guard.h"
 #include "link/shared_windows.h"
 #include "link/spin_pause.h"
 
@@ -32,8 +33,8 @@ DirectRecvSlot& SlotOf(DirectRecvQueue* q, uint32_t index) {
   return q->slots[index % kDirectRecvSlots];
 }
 
-// memcpy, without its call and size dispatch for what fits a slot (kInSlotBytes): on the path of
-// every small message, twice, where they cost more than the copy.
+// memcpy, without its call and size dispatch for what fits a slot (kInSlotBytes): the sender's copy
+// of every small message into its slot, where they cost more than the copy.
 void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
   if (n > dr::kInSlotBytes) {
     std::memcpy(to, from, n);
@@ -158,19 +159,19 @@ void Qp::RestageDirectRecvs() {
   RefillDirectRecvLocked(true);
 }
 
-// Copies a message the sender left in a staging slot or in its receive slot into `w`'s buffers.
-// False when a buffer of `w` is gone: a region deregistered while a sender was placing into its
-// staging slot (RestageDirectRecvs takes back the WQEs no sender holds) completes with LOC_PROT_ERR
-// as on frames, only without moving the QP to the error state (the sender has completed already).
-// The peer's byte_len is bounded by the WQE and `room`: a hostile one gets no byte outside them.
-// Through the address `piece` resolved at publication while it holds, else by lookup.
+// Copies a message the sender left in a staging slot or in its receive slot into `w`'s buffers
+// (pages the application may have made read-only: link/placement_guard.h). False when a buffer of
+// `w` is gone, or read-only with no way past: a region deregistered while a sender was placing into
+// its staging slot (RestageDirectRecvs takes back the WQEs no sender holds) completes with
+// LOC_PROT_ERR as on frames, only without moving the QP to the error state (the sender has
+// completed already). The peer's byte_len is bounded by the WQE and `room`: a hostile one gets no
+// byte outside them. Through the address `piece` resolved at publication while it holds, else by
+// lookup.
 bool Qp::CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
                            const PublishedPiece& piece, uint32_t byte_len) {
   uint32_t left = byte_len < room ? byte_len : room;
-  if (piece.host && left <= piece.length && piece.generation == hca_.mrs().generation()) {
-    CopyBytes(piece.host, from, left);
-    return true;
-  }
+  if (piece.host && left <= piece.length && piece.generation == hca_.mrs().generation())
+    return link::PlaceGuarded(piece.host, from, left);
   for (uint32_t i = 0; i < w.num_sge && left > 0; ++i) {
     const ibv_sge& g = w.sge[i];
     if (g.length == 0) continue;
@@ -179,7 +180,7 @@ bool Qp::CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
         hca_.mrs().ResolveLocalCached(g.lkey, pd_, g.addr, c, IBV_ACCESS_LOCAL_WRITE, mr_cache_);
     if (!to) to = ResolveLocalPieceLocked(ibv_sge{g.addr, c, g.lkey}, IBV_ACCESS_LOCAL_WRITE);
     if (!to) return false;
-    CopyBytes(to, from, c);
+    if (!link::PlaceGuarded(to, from, c)) return false;
     from += c;
     left -= c;
   }

@@ -13,7 +13,6 @@
 #include "core/qp_internal.h"
 #include "core/run_directory.h"
 #include "core/xrc_relay.h"
-#include "link/placement_guard.h"
 #include "link/sanitizers.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
@@ -73,7 +72,6 @@ void Hca::ForkChild() {
   // The child has none of the parent's threads; it must not touch the parent's connections or
   // slot. Its next ibv_open_device builds a fresh HCA (rdma-core likewise needs a new context).
   link::SharedMemory::Get().ResumeInForkChild();
-  link::ForgetOtherPlacingThreads();
   if (g_instance) {
     if ((*g_instance)->endpoint_) (*g_instance)->endpoint_->ResumeAfterFork();
     (*g_instance)->AbandonAfterFork();

@@ -236,9 +236,9 @@ void Qp::RunRequesterLocked() {
       if (hold_for_direct_ && head_ != next_) return;
       hold_for_direct_ = false;
       if (type_ == IBV_QPT_RC && TryDirectLocked(w)) {
-        w.sent = w.done = true;
-        w.status = IBV_WC_SUCCESS;
+        w.sent = w.done = true;  // w.status: TryDirectLocked's
         ++next_;
+        if (w.status != IBV_WC_SUCCESS) return EnterErrorLocked();
         RetireLocked();
         continue;
       }

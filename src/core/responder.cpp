@@ -110,14 +110,8 @@ namespace {
 bool ExecuteAtomic(uint8_t* host, bool compare_swap, uint64_t compare, uint64_t value,
                    uint64_t* orig) {
   auto* target = reinterpret_cast<uint64_t*>(host);
-  bool done = link::RunGuarded([&] {
-    if (compare_swap) {
-      *orig = compare;
-      __atomic_compare_exchange_n(target, orig, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    } else {
-      *orig = __atomic_fetch_add(target, value, __ATOMIC_SEQ_CST);
-    }
-  });
+  const bool done = compare_swap ? link::GuardedCompareSwap(target, compare, value, orig)
+                                 : link::GuardedFetchAdd(target, value, orig);
   if (done) return true;
   uint64_t now;
   if (!link::ReadIgnoringProtection(&now, host, sizeof now)) return false;

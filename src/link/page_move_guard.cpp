@@ -74,7 +74,7 @@ void OnFault(int sig, siginfo_t* info, void* context) {
     WaitWhileMoving();
     if (NowNs() - g_ended_ns.load(std::memory_order_acquire) < kLateFaultNs) return;  // write again
   }
-  ResumeFaultedPlacement(info);  // a placement into pages the application made read-only
+  if (ResumeFaultedPlacement(info, context)) return;  // into pages the application made read-only
   PassOn(sig, info, context);
 }
 

@@ -1,48 +1,22 @@
 #include "link/placement_guard.h"
 
 #include <fcntl.h>
-#include <pthread.h>
+#include <ucontext.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "link/plain_syscall.h"
 #include "link/shared_memory.h"
 
+#if defined(__x86_64__)
+// link/guarded_copy_x86_64.S: the range of its accesses, and where a fault in it resumes.
+extern "C" const char softrdma_guarded_begin[], softrdma_guarded_end[],
+    softrdma_guarded_fault_exit[];
+#endif
+
 namespace softrdma::link {
 namespace {
-
-// The threads that armed a placement, found by the fault handler without touching thread-local
-// storage: a library's TLS, first used in a thread inside a signal handler, may be allocated with
-// malloc (a fault inside malloc would hang instead of ending the process). A thread beyond the
-// table's size is not guarded: its fault ends the process, as without us.
-constexpr int kPlacingThreads = 64;
-struct PlacingThread {
-  std::atomic<pthread_t> thread{};
-  std::atomic<FaultRecovery*> recovery{nullptr};
-};
-PlacingThread g_placing[kPlacingThreads];
-
-struct ThreadRecord {
-  FaultRecovery recovery;
-  PlacingThread* slot = nullptr;
-  ThreadRecord() {
-    const pthread_t self = pthread_self();
-    for (int i = 0; !slot && i < kPlacingThreads; ++i) {
-      pthread_t none{};
-      if (g_placing[i].thread.compare_exchange_strong(none, self)) slot = &g_placing[i];
-    }
-    if (slot) slot->recovery.store(&recovery, std::memory_order_relaxed);
-  }
-  ~ThreadRecord() {
-    if (!slot) return;
-    slot->recovery.store(nullptr, std::memory_order_relaxed);
-    slot->thread.store(pthread_t{}, std::memory_order_release);
-  }
-};
-// The general TLS model, as every thread_local of the library (core/cq.cpp, t_poll_target).
-thread_local ThreadRecord t_record;
 
 // Opened per use: a descriptor kept would name the parent's memory in a fork child, and this
 // way is taken only after a fault.
@@ -91,36 +65,20 @@ bool PastProtection(uintptr_t app, uint8_t* buf, size_t n, bool write) {
 
 }  // namespace
 
-FaultRecovery& ThisThreadsRecovery() {
-  return t_record.recovery;
-}
-
-void ResumeFaultedPlacement(const siginfo_t* info) {
-  if (info->si_code != SEGV_ACCERR) return;
-  const pthread_t self = pthread_self();
-  for (PlacingThread& p : g_placing) {
-    if (p.thread.load(std::memory_order_acquire) != self) continue;
-    FaultRecovery* r = p.recovery.load(std::memory_order_relaxed);
-    if (!r || !r->armed) return;
-    r->armed = false;
-    siglongjmp(r->resume, 1);
-  }
-}
-
-void ForgetOtherPlacingThreads() {
-  const pthread_t self = pthread_self();
-  for (PlacingThread& p : g_placing) {
-    if (p.thread.load(std::memory_order_relaxed) == self) continue;
-    p.recovery.store(nullptr, std::memory_order_relaxed);
-    p.thread.store(pthread_t{}, std::memory_order_relaxed);
-  }
-}
-
-void UnblockFaults() {
-  sigset_t s;
-  sigemptyset(&s);
-  sigaddset(&s, SIGSEGV);
-  pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+bool ResumeFaultedPlacement(const siginfo_t* info, void* context) {
+#if defined(__x86_64__)
+  if (info->si_code != SEGV_ACCERR) return false;
+  greg_t& ip = static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP];
+  const auto at = static_cast<uintptr_t>(ip);
+  if (at < reinterpret_cast<uintptr_t>(softrdma_guarded_begin) ||
+      at >= reinterpret_cast<uintptr_t>(softrdma_guarded_end))
+    return false;
+  ip = static_cast<greg_t>(reinterpret_cast<uintptr_t>(softrdma_guarded_fault_exit));
+  return true;
+#else
+  (void)info, (void)context;
+  return false;
+#endif
 }
 
 bool WriteIgnoringProtection(void* to, const void* from, size_t n) {

@@ -750,6 +750,47 @@ TEST_F(DirectSend, SmallSendsIntoAStagedReceiveBufferArriveWhole) {
   ASSERT_EQ(ibv_dereg_mr(mr), 0);
 }
 
+// Receive buffers the application made read-only after posting them (mprotect): an HCA writes them
+// all the same (link/placement_guard.h). The owner's copy of a message out of its slot or out of a
+// staging buffer goes past the protection: into a shared region's pages (a message in its slot),
+// and into a buffer too small to share, whose WQEs are published staged (a message in its slot, one
+// through the staging area). Before, the owner died of SIGSEGV at the first.
+TEST_F(DirectSend, MessagesLandInReceiveBuffersMadeReadOnly) {
+  Connect();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* small = static_cast<uint8_t*>(m);
+  std::memset(small, 0xee, page);
+  ibv_mr* mr = ibv_reg_mr(v.pd, small, page, kLocalWrite);
+  ASSERT_NE(mr, nullptr);
+  const uint64_t base = reinterpret_cast<uintptr_t>(small);
+  ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, 1), 0);
+  // Enough WQEs that the QP makes its staging area (Qp::kStagingDemand) and publishes them.
+  ASSERT_EQ(PostRecvSges(q->qp, {{base, 64, mr->lkey}}, 2), 0);
+  ASSERT_EQ(PostRecvSges(q->qp, {{base + 1024, 2048, mr->lkey}}, 3), 0);
+  for (uint64_t id = 4; id < 75; ++id)
+    ASSERT_EQ(PostRecvSges(q->qp, {{base + 3072, 64, mr->lkey}}, id), 0);
+  ASSERT_EQ(mprotect(region.p, kRegion, PROT_READ), 0);
+  ASSERT_EQ(mprotect(small, page, PROT_READ), 0);
+  const uint32_t lengths[] = {20, 20, 1500};
+  const uint8_t* into[] = {region.p, small, small + 1024};
+  for (uint64_t k = 0; k < 3; ++k) {
+    ASSERT_EQ(Send(lengths[k]), IBV_WC_SUCCESS) << "message " << k;
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->rcq, &wc));
+    EXPECT_EQ(wc.wr_id, k + 1);
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    ASSERT_EQ(wc.byte_len, lengths[k]);
+    for (size_t i = 0; i < lengths[k]; ++i)
+      ASSERT_EQ(into[k][i], Pattern(i)) << "message " << k << ", byte " << i;
+  }
+  EXPECT_EQ(small[20], 0xee);
+  ASSERT_EQ(mprotect(region.p, kRegion, PROT_READ | PROT_WRITE), 0);
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(small, page);
+}
+
 // Destroying the receiving QP while its peer keeps sending returns promptly (senders inside its
 // receive queue are waited for, boundedly) and the peer's next SEND fails instead of hanging.
 TEST_F(DirectSend, DestroyingTheReceiverWhileThePeerSendsIsPromptAndFailsThePeer) {

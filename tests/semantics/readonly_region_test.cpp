@@ -17,9 +17,6 @@ namespace {
 
 using ReadOnlyRegion = VerbsTest;
 
-// link/placement_guard.h: not under ThreadSanitizer.
-constexpr const char* kNotUnderTsan = "placements are not guarded under ThreadSanitizer";
-
 // One page (stays private memory) and kLargeBytes (moved onto the shared arena at registration):
 // the two kinds of registered pages.
 constexpr size_t kLargeBytes = 256 * 1024;
@@ -60,8 +57,10 @@ uint8_t Pattern(size_t i) {
 }
 
 // The requester's part: WRITEs into both kinds of pages, a SEND (the peer posted a receive into
-// read-only pages), atomics, and READs back, each checked. `out` holds kLargeWrite bytes.
-void WriteIntoReadOnlyPages(ibv_qp* qp, ibv_cq* scq, Buffer& out, const Targets& t) {
+// read-only pages), atomics, and READs back, each checked; last, an atomic whose result lands in a
+// local page made read-only (`local`). `out` holds kLargeWrite bytes.
+void WriteIntoReadOnlyPages(ibv_qp* qp, ibv_cq* scq, Buffer& out, const Targets& t,
+                            const ReadOnlyPages& local) {
   for (size_t i = 0; i < kLargeWrite; ++i) out.data()[i] = Pattern(i);
   ibv_wc wc{};
   uint64_t id = 1;
@@ -104,6 +103,21 @@ void WriteIntoReadOnlyPages(ibv_qp* qp, ibv_cq* scq, Buffer& out, const Targets&
   complete("READ of the swapped word");
   std::memcpy(&word, out.data(), 8);
   EXPECT_EQ(word, 9u);
+  // Adding nothing to a word the large WRITE left: its bytes are the result.
+  ibv_sge sge{local.addr(0), 8, local.mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = id++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = t.large + kSendAt;
+  wr.wr.atomic.rkey = t.large_rkey;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+  complete("FETCH_AND_ADD into a read-only local page");
+  for (size_t i = 0; i < 8; ++i)
+    ASSERT_EQ(local.base[i], Pattern(kSendAt + i)) << "result byte " << i;
 }
 
 // The responder's part, after the requester's: its own view of the pages and the SEND's completion.
@@ -125,22 +139,22 @@ std::string CheckReadOnlyPages(const ReadOnlyPages& small, const ReadOnlyPages& 
 }
 
 TEST_F(ReadOnlyRegion, PeersWriteSendAndAtomicIntoPagesMadeReadOnly) {
-  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   ReadOnlyPages small(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
   ReadOnlyPages large(v.pd, kLargeBytes);
-  ASSERT_TRUE(small.ok() && large.ok()) << strerror(errno);
+  ReadOnlyPages local(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  ASSERT_TRUE(small.ok() && large.ok() && local.ok()) << strerror(errno);
   Buffer* out = Buf(kLargeWrite);
   Qp *a, *b;
   Pair(QpOpts{}, &a, &b);
   ASSERT_EQ(PostRecvSge(b->qp, ibv_sge{small.addr(kSendAt), 64, small.mr->lkey}, 1), 0);
   WriteIntoReadOnlyPages(a->qp, a->scq, *out,
-                         Targets{small.addr(0), large.addr(0), small.mr->rkey, large.mr->rkey});
+                         Targets{small.addr(0), large.addr(0), small.mr->rkey, large.mr->rkey},
+                         local);
   EXPECT_EQ(CheckReadOnlyPages(small, large, b->rcq), "");
 }
 
 // A READ's response lands in a local buffer made read-only, too.
 TEST_F(ReadOnlyRegion, AReadLandsInALocalBufferMadeReadOnly) {
-  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   ReadOnlyPages local(v.pd, kLargeBytes);
   ASSERT_TRUE(local.ok()) << strerror(errno);
   Buffer* source = Buf(kLargeWrite);
@@ -169,9 +183,8 @@ TEST_F(ReadOnlyRegion, AReadLandsInALocalBufferMadeReadOnly) {
 // The application's own shared memory (a memfd) made read-only: /proc/self/mem does not write a
 // read-only shared mapping, and we have no other way in. The access fails as a page fault on an
 // HCA fails it: REM_ACCESS_ERR for a WRITE, LOC_PROT_ERR at the receiver of a SEND (REM_OP_ERR at
-// its sender); the responder lives on.
+// its sender), LOC_PROT_ERR for an atomic's result; the responder lives on.
 TEST_F(ReadOnlyRegion, SharedMemoryOfTheApplicationMadeReadOnlyFailsTheAccess) {
-  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   const size_t len = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const int fd = memfd_create("readonly-region-test", MFD_CLOEXEC);
   ASSERT_GE(fd, 0) << strerror(errno);
@@ -205,7 +218,25 @@ TEST_F(ReadOnlyRegion, SharedMemoryOfTheApplicationMadeReadOnlyFailsTheAccess) {
     ASSERT_TRUE(PollOne(b->rcq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
   }
-  EXPECT_EQ(base[0], 0) << "nothing was written";
+  {
+    Qp *a, *b;
+    Pair(QpOpts{}, &a, &b);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(base) + 8, 8, mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 4;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = out->addr(0);
+    wr.wr.atomic.rkey = out->rkey();
+    wr.wr.atomic.compare_add = 1;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(a->qp, &wr, &bad), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << "the result: " << WcStr(wc);
+  }
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(base[i], 0) << "nothing was written, byte " << i;
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
   munmap(p, len);
 }
@@ -225,10 +256,10 @@ int ReadOnlyTarget(ChildPipe p, QpOpts o) {
 }
 
 TEST_F(ReadOnlyRegion, APeerProcessWritesIntoPagesMadeReadOnly) {
-  if (softrdma::kThreadSanitizer) GTEST_SKIP() << kNotUnderTsan;
   Qp* a = v.NewQp(QpOpts{});
   Buffer* out = Buf(kLargeWrite);
-  ASSERT_TRUE(a && out);
+  ReadOnlyPages local(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  ASSERT_TRUE(a && out && local.ok());
   ForkedPeer child;
   ASSERT_TRUE(child.Start([](int up, int down) {
     return ReadOnlyTarget(ChildPipe{up, down}, {});
@@ -239,7 +270,7 @@ TEST_F(ReadOnlyRegion, APeerProcessWritesIntoPagesMadeReadOnly) {
   ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
   Targets t;
   ASSERT_TRUE(child.Recv(&t));
-  WriteIntoReadOnlyPages(a->qp, a->scq, *out, t);
+  WriteIntoReadOnlyPages(a->qp, a->scq, *out, t, local);
   EXPECT_TRUE(child.Send('x'));
   EXPECT_EQ(child.Wait(), 0) << "the peer's view of its pages was wrong (18) or it failed";
 }
