@@ -405,7 +405,8 @@ void Qp::RxUdHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) {
     auto* base = static_cast<uint8_t*>(segs.seg[i].iov_base);
     size_t len = segs.seg[i].iov_len;
     size_t c = grh_left < len ? grh_left : len;
-    std::memcpy(base, grh + (sizeof(wire::Grh) - grh_left), c);
+    // Into pages the application may have made read-only (link/placement_guard.h).
+    if (!link::PlaceGuarded(base, grh + (sizeof(wire::Grh) - grh_left), c)) t.refused = true;
     grh_left -= c;
     if (c < len) t.Add(base + c, len - c);
   }

@@ -275,10 +275,69 @@ TEST_F(ReadOnlyRegion, APeerProcessWritesIntoPagesMadeReadOnly) {
   EXPECT_EQ(child.Wait(), 0) << "the peer's view of its pages was wrong (18) or it failed";
 }
 
+// A datagram from another process lands in a receive buffer made read-only, its GRH too: over the
+// link UD takes between processes of one host (shared memory), and over UDP (the fresh run below).
+// Before, the GRH's copy killed the receiver.
+TEST_F(ReadOnlyRegion, ADatagramFromAPeerProcessLandsInPagesMadeReadOnly) {
+  constexpr uint32_t kQkey = 0x2222, kLen = 100, kGrh = 40;
+  QpOpts o;
+  o.type = IBV_QPT_UD;
+  o.qkey = kQkey;
+  ReadOnlyPages rx(v.pd, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  ASSERT_TRUE(rx.ok()) << strerror(errno);
+  Qp* me = v.NewQp(o);
+  ASSERT_NE(me, nullptr);
+  ASSERT_EQ(BringUp(me->qp, o, Remote{}), 0);
+  ASSERT_EQ(PostRecvSge(me->qp, ibv_sge{rx.addr(0), 1024, rx.mr->lkey}, 1), 0);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([o](int up, int down) {
+    ChildPipe p{up, down};
+    Verbs cv;
+    if (!cv.Open()) return 10;
+    Qp* q = cv.NewQp(o);
+    Buffer* b = cv.NewBuffer(4096);
+    if (!q || !b || BringUp(q->qp, o, Remote{})) return 11;
+    Remote parent;
+    if (!p.Recv(&parent)) return 12;
+    for (size_t i = 0; i < kLen; ++i) b->data()[i] = Pattern(i);
+    ibv_ah* ah = cv.AhTo(parent, true);
+    if (!ah) return 13;
+    SendArgs s;
+    s.sges = {b->Sge(0, kLen)};
+    s.ah = ah;
+    s.remote_qpn = parent.qpn;
+    s.remote_qkey = kQkey;
+    if (Post(q->qp, s)) return 14;
+    ibv_wc wc{};
+    int st = PollOne(q->scq, &wc) ? wc.status : -1;
+    char c;
+    return p.Send(st) && p.Recv(&c) ? 0 : 15;
+  }));
+  ASSERT_TRUE(child.Send(v.RemoteOf(me)));
+  int st = -1;
+  ASSERT_TRUE(child.Recv(&st));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(me->rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  EXPECT_EQ(wc.byte_len, kLen + kGrh);
+  EXPECT_EQ(reinterpret_cast<const ibv_grh*>(rx.base)->next_hdr, 0x1b) << "no GRH";
+  for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(rx.base[kGrh + i], Pattern(i)) << "byte " << i;
+  EXPECT_TRUE(child.Send('q'));
+  EXPECT_EQ(child.Wait(), 0);
+}
+
 TEST(ReadOnlyRegionOnTcp, APeerProcessWritesIntoPagesMadeReadOnly) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("ReadOnlyRegion.APeerProcessWritesIntoPagesMadeReadOnly", 1,
                             std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
+TEST(ReadOnlyRegionOnUdp, ADatagramFromAPeerProcessLandsInPagesMadeReadOnly) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("ReadOnlyRegion.ADatagramFromAPeerProcessLandsInPagesMadeReadOnly", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_UD_LINK=udp"}),
             0);
 }
 
