@@ -104,17 +104,13 @@ void WriteIntoReadOnlyPages(ibv_qp* qp, ibv_cq* scq, Buffer& out, const Targets&
   std::memcpy(&word, out.data(), 8);
   EXPECT_EQ(word, 9u);
   // Adding nothing to a word the large WRITE left: its bytes are the result.
-  ibv_sge sge{local.addr(0), 8, local.mr->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = id++;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.atomic.remote_addr = t.large + kSendAt;
-  wr.wr.atomic.rkey = t.large_rkey;
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+  SendArgs add;
+  add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  add.wr_id = id++;
+  add.sges = {ibv_sge{local.addr(0), 8, local.mr->lkey}};
+  add.remote_addr = t.large + kSendAt;
+  add.rkey = t.large_rkey;
+  ASSERT_EQ(Post(qp, add), 0);
   complete("FETCH_AND_ADD into a read-only local page");
   for (size_t i = 0; i < 8; ++i)
     ASSERT_EQ(local.base[i], Pattern(kSendAt + i)) << "result byte " << i;
@@ -221,18 +217,14 @@ TEST_F(ReadOnlyRegion, SharedMemoryOfTheApplicationMadeReadOnlyFailsTheAccess) {
   {
     Qp *a, *b;
     Pair(QpOpts{}, &a, &b);
-    ibv_sge sge{reinterpret_cast<uintptr_t>(base) + 8, 8, mr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 4;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.atomic.remote_addr = out->addr(0);
-    wr.wr.atomic.rkey = out->rkey();
-    wr.wr.atomic.compare_add = 1;
-    ibv_send_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_send(a->qp, &wr, &bad), 0);
+    SendArgs add;
+    add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    add.wr_id = 4;
+    add.sges = {ibv_sge{reinterpret_cast<uintptr_t>(base) + 8, 8, mr->lkey}};
+    add.remote_addr = out->addr(0);
+    add.rkey = out->rkey();
+    add.compare_add = 1;
+    ASSERT_EQ(Post(a->qp, add), 0);
     ASSERT_TRUE(PollOne(a->scq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << "the result: " << WcStr(wc);
   }
