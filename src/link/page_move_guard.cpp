@@ -27,8 +27,9 @@ std::atomic<int64_t> g_ended_ns{0};
 // would hang the thread instead of letting its handler or the default action see it).
 constexpr int64_t kLateFaultNs = 100'000'000;
 
-// The handler before ours; written only while ours is not installed.
+// The handlers before ours (SIGSEGV, SIGBUS); written only while ours is not installed.
 struct sigaction g_previous = {};
+struct sigaction g_previous_bus = {};
 
 pid_t ThreadId() {
   return static_cast<pid_t>(syscall(SYS_gettid));
@@ -41,7 +42,7 @@ int64_t NowNs() {
 }
 
 void PassOn(int sig, siginfo_t* info, void* context) {
-  const struct sigaction& p = g_previous;
+  const struct sigaction& p = sig == SIGBUS ? g_previous_bus : g_previous;
   if (p.sa_flags & SA_SIGINFO) {
     if (p.sa_sigaction) return p.sa_sigaction(sig, info, context);
   } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
@@ -78,9 +79,30 @@ void OnFault(int sig, siginfo_t* info, void* context) {
   PassOn(sig, info, context);
 }
 
+// A bus error inside a placement: registered pages of a file the application truncated since (an
+// HCA would write the pages the registration pinned). Past the end of the file, /proc/self/mem
+// does not write either, and the access fails.
+void OnBusError(int sig, siginfo_t* info, void* context) {
+  if (ResumeFaultedPlacement(info, context)) return;
+  PassOn(sig, info, context);
+}
+
+void InstallBusErrorHandler() {
+  struct sigaction current {};
+  if (sigaction(SIGBUS, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnBusError) return;
+  struct sigaction ours {};
+  ours.sa_sigaction = OnBusError;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  g_previous_bus = current;
+  sigaction(SIGBUS, &ours, nullptr);
+}
+
 // Ours goes (back) in before every move: the application may have put its own in since, which
 // then becomes the one faults not ours go to.
 bool Install() {
+  InstallBusErrorHandler();
   struct sigaction current {};
   if (sigaction(SIGSEGV, nullptr, &current) != 0) return false;
   if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnFault) return true;

@@ -14,8 +14,9 @@
 namespace softrdma::link {
 
 // Installs our SIGSEGV handler, which also serves placements into pages the application made
-// read-only (link/placement_guard.h): once, at the first registration; a move installs it again
-// if the application replaced it since.
+// read-only or unmapped (link/placement_guard.h), and our SIGBUS handler, which serves only
+// placements (pages of a truncated file): once, at the first registration; a move installs them
+// again if the application replaced them since.
 void InstallFaultHandler();
 
 // One move, one guard on the mover's stack: it makes [start, start+len) read-only (one move at a

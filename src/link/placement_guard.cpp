@@ -67,7 +67,13 @@ bool PastProtection(uintptr_t app, uint8_t* buf, size_t n, bool write) {
 
 bool ResumeFaultedPlacement(const siginfo_t* info, void* context) {
 #if defined(__x86_64__)
-  if (info->si_code != SEGV_ACCERR) return false;
+  // Not only protections: pages the application unmapped while registered (SEGV_MAPERR), or whose
+  // file it truncated (SIGBUS), where an HCA would write the pages the registration pinned. Arena
+  // pages are still ours to write; private pages and the file's are gone.
+  const bool unmapped = info->si_signo == SIGSEGV && info->si_code == SEGV_MAPERR;
+  const bool truncated = info->si_signo == SIGBUS && info->si_code == BUS_ADRERR;
+  const bool protected_page = info->si_signo == SIGSEGV && info->si_code == SEGV_ACCERR;
+  if (!unmapped && !truncated && !protected_page) return false;
   greg_t& ip = static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP];
   const auto at = static_cast<uintptr_t>(ip);
   if (at < reinterpret_cast<uintptr_t>(softrdma_guarded_begin) ||

@@ -1,6 +1,7 @@
 // Placing bytes into registered memory that the application has made read-only (mprotect) since
-// it registered it. An HCA writes such pages all the same: they are pinned, and its DMA does not
-// go through the process's page tables. We write through them, and the write faults.
+// it registered it, or unmapped, or whose file it truncated. An HCA writes such pages all the
+// same: they are pinned, and its DMA does not go through the process's page tables. We write
+// through them, and the write faults.
 //
 // So placements go through copies and atomics written in assembly (link/guarded_copy_x86_64.S),
 // as a kernel's copies to user memory do: leaves that touch no stack, so that the fault handler

@@ -440,6 +440,49 @@ TEST(SharedMemory, FaultsNotOfAMoveReachTheApplicationsHandler) {
   munmap(m, kLen);
 }
 
+// Our handlers resume faults inside placements only: an unmapped address or a truncated file's page
+// touched by the application itself still reaches its handlers (SIGSEGV, SIGBUS).
+TEST(SharedMemory, UnmappedAndTruncatedPagesOutsidePlacementsReachTheApplicationsHandlers) {
+  SharedMemory& mem = SharedMemory::Get();
+  struct sigaction app {
+  }, before_segv{}, before_bus{};
+  app.sa_handler = JumpBack;
+  sigemptyset(&app.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &app, &before_segv), 0);
+  ASSERT_EQ(sigaction(SIGBUS, &app, &before_bus), 0);
+  uint8_t* m = ZeroedMapping(kLen);
+  ASSERT_NE(m, nullptr);
+  const uint64_t id = mem.Share(m, kLen);  // ours go in, the application's behind them
+  for (int sig : {SIGSEGV, SIGBUS}) {
+    struct sigaction now {};
+    ASSERT_EQ(sigaction(sig, nullptr, &now), 0);
+    ASSERT_TRUE(now.sa_flags & SA_SIGINFO) << "ours is not in for signal " << sig;
+  }
+  void* gone = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(gone, MAP_FAILED);
+  munmap(gone, 4096);
+  const int fd = memfd_create("truncated", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  void* file = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(file, MAP_FAILED);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  for (void* p : {gone, file}) {
+    volatile bool reached = false;
+    if (sigsetjmp(g_fault_jump, 1) == 0)
+      *static_cast<volatile uint8_t*>(p) = 1;
+    else
+      reached = true;
+    EXPECT_TRUE(reached) << (p == gone ? "unmapped" : "truncated");
+  }
+  mem.Unshare(id, m);
+  sigaction(SIGSEGV, &before_segv, nullptr);
+  sigaction(SIGBUS, &before_bus, nullptr);
+  munmap(file, 4096);
+  munmap(m, kLen);
+}
+
 // A buffer unmapped while still registered (freed before its deregistration, as a registration
 // cache allows), its addresses now taken by something else: the fork handler must leave them alone
 // (copying from them crashed the child, or overwrote what lives there now).

@@ -1,0 +1,287 @@
+// Registered pages the application unmaps (munmap), or whose file it truncates, before it
+// deregisters them. An HCA's DMA goes to the pages the registration pinned, not through the
+// process's page tables: what a peer writes lands there, unseen. Pages we moved onto the shared
+// arena at registration are still ours, and placements go there; private pages and the file's are
+// gone, and the access fails as a page fault of an on-demand region fails on an HCA
+// (REM_ACCESS_ERR for a WRITE, LOC_PROT_ERR at the receiver of a SEND and for a READ's or an
+// atomic's local buffer). Before, the placement's SIGSEGV (SEGV_MAPERR) or SIGBUS killed the
+// process whose pages they were.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <ostream>
+
+#include "support/fresh_process.h"
+#include "support/semantics_harness.h"
+
+namespace semantics {
+namespace {
+
+// Private pages (one page stays so at registration) and arena pages (these are moved): an odd
+// size, which no allocator maps as one piece.
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+const size_t kArenaBytes = 67 * kPage;
+
+// Registered pages between two inaccessible pages that stay mapped: once unmapped they leave a
+// hole of their exact size, where nothing the process maps later is likely to land. Anything that
+// did would take the placements meant for the pages gone (an HCA writes the pages it pinned).
+struct UnmappedPages {
+  UnmappedPages() = default;
+  UnmappedPages(ibv_pd* pd, size_t len) : len(len) {
+    void* r = mmap(nullptr, len + 2 * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return;
+    reserved = static_cast<uint8_t*>(r);
+    void* p = mmap(reserved + kPage, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) return;
+    base = static_cast<uint8_t*>(p);
+    mr = ibv_reg_mr(pd, base, len, kAllAccess);
+  }
+  ~UnmappedPages() {
+    if (mr) ibv_dereg_mr(mr);
+    if (reserved) munmap(reserved, len + 2 * kPage);
+  }
+  // Last before the accesses.
+  bool Unmap() { return munmap(base, len) == 0; }
+  uint64_t addr(size_t off) const { return reinterpret_cast<uintptr_t>(base) + off; }
+  size_t len = 0;
+  uint8_t* reserved = nullptr;
+  uint8_t* base = nullptr;
+  ibv_mr* mr = nullptr;
+};
+
+// The completion status of each access (-1: none came): the requester's for the WRITE, the SEND,
+// the READ and the atomic, the responder's for the SEND's receive (`recv`).
+struct Outcome {
+  int write = -1, send = -1, recv = -1, read = -1, atomic_result = -1;
+  bool operator==(const Outcome&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const Outcome& o) {
+  return os << "WRITE " << o.write << ", SEND " << o.send << " (receive " << o.recv << "), READ "
+            << o.read << ", atomic result " << o.atomic_result;
+}
+constexpr Outcome kRefused{IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR,
+                           IBV_WC_LOC_PROT_ERR, IBV_WC_LOC_PROT_ERR};
+constexpr Outcome kTaken{IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS,
+                         IBV_WC_SUCCESS};
+
+// What a peer process's pages are, for the tests with one.
+struct PeerTargets {
+  uint64_t arena = 0, private_page = 0;
+  uint32_t arena_rkey = 0, private_rkey = 0;
+};
+
+class UnmappedRegion : public VerbsTest {
+ protected:
+  // Starts `peer` in a child process, connects `a` to its QP and takes the targets it sends.
+  bool StartPeer(ForkedPeer& child, int (*peer)(ChildPipe), Qp* a, PeerTargets* t) {
+    Remote theirs;
+    return child.Start([peer](int up, int down) {
+      return peer(ChildPipe{up, down});
+    }) && child.Recv(&theirs) &&
+           child.Send(v.RemoteOf(a)) && BringUp(a->qp, QpOpts{}, theirs) == 0 && child.Recv(t);
+  }
+  // `gone()` takes the pages away, then a WRITE and a SEND go into `target`'s pages, a READ and an
+  // atomic whose results land in `local`'s, each on a pair of its own (a failed access takes its
+  // QPs to error). The pairs are made before: creating them may map memory. `out_` is a mapped
+  // buffer of the requester's (sources, the READ's and the atomic's target).
+  Outcome AccessAfter(const std::function<bool()>& gone, const UnmappedPages& target,
+                      const UnmappedPages& local) {
+    out_ = Buf(4096);
+    if (!out_) return {};
+    out_->Fill(0x5a);
+    std::pair<Qp*, Qp*> pairs[4];
+    for (auto& [a, b] : pairs) Pair(QpOpts{}, &a, &b);
+    if (!gone()) return {};
+    Outcome o;
+    ibv_wc wc{};
+    if (auto [a, b] = pairs[0];
+        PostRdma(a->qp, IBV_WR_RDMA_WRITE, *out_, 0, 64, target.addr(8), target.mr->rkey, 1) == 0 &&
+        PollOne(a->scq, &wc))
+      o.write = wc.status;
+    if (auto [a, b] = pairs[1];
+        PostRecvSge(b->qp, ibv_sge{target.addr(1024), 64, target.mr->lkey}, 2) == 0 &&
+        PostSendMsg(a->qp, *out_, 0, 32, 3) == 0 && PollOne(a->scq, &wc)) {
+      o.send = wc.status;
+      if (PollOne(b->rcq, &wc)) o.recv = wc.status;
+    }
+    SendArgs read;
+    read.opcode = IBV_WR_RDMA_READ;
+    read.wr_id = 4;
+    read.sges = {ibv_sge{local.addr(0), 64, local.mr->lkey}};
+    read.remote_addr = out_->addr(0);
+    read.rkey = out_->rkey();
+    if (Post(pairs[2].first->qp, read) == 0 && PollOne(pairs[2].first->scq, &wc))
+      o.read = wc.status;
+    SendArgs add;
+    add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    add.wr_id = 5;
+    add.sges = {ibv_sge{local.addr(512), 8, local.mr->lkey}};
+    add.remote_addr = out_->addr(128);
+    add.rkey = out_->rkey();
+    add.compare_add = 1;
+    if (Post(pairs[3].first->qp, add) == 0 && PollOne(pairs[3].first->scq, &wc))
+      o.atomic_result = wc.status;
+    return o;
+  }
+  Buffer* out_ = nullptr;
+};
+
+TEST_F(UnmappedRegion, PrivatePagesFailTheAccessAndTheProcessLivesOn) {
+  UnmappedPages target(v.pd, kPage);
+  UnmappedPages local(v.pd, kPage);
+  ASSERT_TRUE(target.mr && local.mr) << strerror(errno);
+  EXPECT_EQ(AccessAfter([&] { return target.Unmap() && local.Unmap(); }, target, local), kRefused);
+  uint64_t word;
+  std::memcpy(&word, out_->data() + 128, 8);
+  EXPECT_EQ(word, 0x5a5a5a5a5a5a5a5bu) << "the atomic is done (only its result was refused)";
+}
+
+// Pages of a file the application truncated after it registered them: accesses fault with
+// SIGBUS, and past the end of the file nothing writes them. The access fails as for private pages
+// unmapped. Before, the placement's SIGBUS killed the process.
+TEST_F(UnmappedRegion, PagesOfATruncatedFileFailTheAccessAndTheProcessLivesOn) {
+  const size_t len = 2 * kPage;
+  const int fd = memfd_create("unmapped-region-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(len)), 0);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  UnmappedPages file;  // the file's pages, registered where the application mapped them
+  file.len = len;
+  file.base = static_cast<uint8_t*>(p);
+  file.mr = ibv_reg_mr(v.pd, p, len, kAllAccess);
+  ASSERT_NE(file.mr, nullptr) << strerror(errno);
+  EXPECT_EQ(AccessAfter([&] { return ftruncate(fd, 0) == 0; }, file, file), kRefused);
+  close(fd);
+  munmap(p, len);
+}
+
+TEST_F(UnmappedRegion, ArenaPagesTakeTheAccessAsAnHcaWouldTheirPinnedPages) {
+  UnmappedPages target(v.pd, kArenaBytes);
+  UnmappedPages local(v.pd, kArenaBytes);
+  ASSERT_TRUE(target.mr && local.mr) << strerror(errno);
+  EXPECT_EQ(AccessAfter([&] { return target.Unmap() && local.Unmap(); }, target, local), kTaken);
+}
+
+// The same between two processes, the unmapped pages the peer's: SENDs into its arena pages (the
+// peer copies a small message out of its slot, a larger one out of its staging buffer), a WRITE
+// into its arena pages and, last, one into its private pages. Over the shared-memory link, and
+// over TCP (the fresh run below).
+constexpr uint32_t kSendSizes[] = {32, 1500};
+
+int UnmappedTarget(ChildPipe p) {
+  ChildQp c;
+  if (int e = c.Connect(p, QpOpts{}, 64)) return e;
+  UnmappedPages arena(c.v.pd, kArenaBytes);
+  UnmappedPages private_page(c.v.pd, kPage);
+  if (!arena.mr || !private_page.mr) return 14;
+  // A first message into a mapped buffer opens the connection (TCP) before the unmapping: what
+  // that maps is not mapped later, into the holes.
+  if (PostRecv(c.q->qp, *c.b, 0, 64, 0)) return 15;
+  for (uint64_t i = 1; i <= 2; ++i)
+    if (PostRecvSge(c.q->qp, ibv_sge{arena.addr(4096 * i), 2048, arena.mr->lkey}, i)) return 15;
+  if (!p.Send(
+          PeerTargets{arena.addr(0), private_page.addr(0), arena.mr->rkey, private_page.mr->rkey}))
+    return 16;
+  ibv_wc wc{};
+  if (!PollOne(c.q->rcq, &wc) || wc.status != IBV_WC_SUCCESS) return 17;
+  if (!arena.Unmap() || !private_page.Unmap() || !p.Send('u')) return 18;
+  int received[2] = {-1, -1};
+  for (int& r : received)
+    if (PollOne(c.q->rcq, &wc)) r = static_cast<int>(wc.status);
+  char done;
+  return p.Send(received) && p.Recv(&done) ? 0 : 19;
+}
+
+TEST_F(UnmappedRegion, APeerProcessTakesAccessesToPagesItUnmapped) {
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* out = Buf(4096);
+  ASSERT_TRUE(a && out);
+  out->Fill(0x5a);
+  ForkedPeer child;
+  PeerTargets t;
+  ASSERT_TRUE(StartPeer(child, UnmappedTarget, a, &t));
+  ibv_wc wc{};
+  ASSERT_EQ(PostSendMsg(a->qp, *out, 0, 8, 1), 0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "the first SEND: " << WcStr(wc);
+  char unmapped;
+  ASSERT_TRUE(child.Recv(&unmapped));
+  for (uint32_t len : kSendSizes) {
+    ASSERT_EQ(PostSendMsg(a->qp, *out, 0, len, len), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "SEND of " << len << " bytes: " << WcStr(wc);
+  }
+  int received[2];
+  ASSERT_TRUE(child.Recv(&received));
+  EXPECT_EQ(received[0], IBV_WC_SUCCESS) << "the receive of the SEND in its slot";
+  EXPECT_EQ(received[1], IBV_WC_SUCCESS) << "the receive of the staged SEND";
+  ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *out, 0, 64, t.arena + 64, t.arena_rkey, 3), 0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "WRITE into arena pages: " << WcStr(wc);
+  ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *out, 0, 64, t.private_page + 64, t.private_rkey, 4),
+            0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << "WRITE into private pages: " << WcStr(wc);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer failed or died";
+}
+
+// A same-host peer's atomic executes directly in its window, and its result lands in the
+// requester's local buffer, here private pages unmapped: refused, the request completes with
+// LOC_PROT_ERR (the atomic done, as an HCA whose write of the result faults). Until now only the
+// result that comes in an ACK (frames) had a test of its refusal.
+int AtomicTarget(ChildPipe p) {
+  ChildQp c;
+  if (int e = c.Connect(p, QpOpts{}, 64)) return e;
+  UnmappedPages arena(c.v.pd, kArenaBytes);
+  if (!arena.mr) return 14;
+  std::memset(arena.base, 0, 64);
+  if (!p.Send(PeerTargets{arena.addr(0), 0, arena.mr->rkey, 0})) return 15;
+  char done;
+  if (!p.Recv(&done)) return 16;
+  uint64_t word;
+  std::memcpy(&word, arena.base + 8, 8);
+  return word == 7 ? 0 : 17;
+}
+
+TEST_F(UnmappedRegion, ADirectAtomicsResultInPagesUnmappedFailsTheRequest) {
+  Qp* a = v.NewQp(QpOpts{});
+  UnmappedPages local(v.pd, kPage);
+  ASSERT_TRUE(a && local.mr);
+  ForkedPeer child;
+  PeerTargets t;
+  ASSERT_TRUE(StartPeer(child, AtomicTarget, a, &t));
+  ASSERT_TRUE(local.Unmap());
+  SendArgs add;
+  add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  add.wr_id = 1;
+  add.sges = {ibv_sge{local.addr(0), 8, local.mr->lkey}};
+  add.remote_addr = t.arena + 8;
+  add.rkey = t.arena_rkey;
+  add.compare_add = 7;
+  ASSERT_EQ(Post(a->qp, add), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(a->qp, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_ERR);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "17: the atomic was not done in the peer's word";
+}
+
+TEST(UnmappedRegionOnTcp, APeerProcessTakesAccessesToPagesItUnmapped) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("UnmappedRegion.APeerProcessTakesAccessesToPagesItUnmapped", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
+}  // namespace
+}  // namespace semantics
