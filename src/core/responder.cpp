@@ -306,7 +306,9 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       KeyCheck why;
       host = hca_.mrs().Resolve(reth->key(), key_pd, reth->addr(), len, IBV_ACCESS_REMOTE_READ,
                                 false, &why, qpn_, nullptr, &mr_cache_);
-      if (!host)
+      // Pages unmapped or made inaccessible since registration: an on-demand region's page fault
+      // (REM_ACCESS_ERR at the requester), not the end of this process in the response's copy.
+      if (!host || !link::Readable(host, len))
         return ResponderErrorLocked(ch, wire::aeth::kNakRemoteAccess, psn, IBV_EVENT_QP_ACCESS_ERR);
     }
     if (!duplicate_read) {

@@ -1,16 +1,17 @@
-// Copies and atomics into application memory that a fault does not end (link/placement_guard.h).
-// Each function is a leaf that touches no stack: a fault inside [softrdma_guarded_begin,
-// softrdma_guarded_end) is resumed by our SIGSEGV handler at softrdma_guarded_fault_exit, which
-// returns {0, 0} from whichever function faulted. Every function returns {value, 1} in rax:rdx.
+// Copies and atomics into application memory, and a probe of it, that a fault does not end
+// (link/placement_guard.h). Each function is a leaf that touches no stack: a fault inside
+// [softrdma_guarded_begin, softrdma_guarded_end) is resumed by our SIGSEGV or SIGBUS handler at
+// softrdma_guarded_fault_exit, which returns {0, 0} from whichever function faulted. Every
+// function returns {value, 1} in rax:rdx.
 #if defined(__x86_64__)
 
 	.text
 	.globl softrdma_guarded_begin, softrdma_guarded_end, softrdma_guarded_fault_exit
 	.globl softrdma_guarded_place, softrdma_guarded_store8
-	.globl softrdma_guarded_compare_swap, softrdma_guarded_fetch_add
+	.globl softrdma_guarded_compare_swap, softrdma_guarded_fetch_add, softrdma_guarded_probe
 	.hidden softrdma_guarded_begin, softrdma_guarded_end, softrdma_guarded_fault_exit
 	.hidden softrdma_guarded_place, softrdma_guarded_store8
-	.hidden softrdma_guarded_compare_swap, softrdma_guarded_fetch_add
+	.hidden softrdma_guarded_compare_swap, softrdma_guarded_fetch_add, softrdma_guarded_probe
 
 // Copies 8 bytes at a time from (%rsi) to (%rdi), advancing both, while \count holds 8 or more.
 	.macro COPY_WORDS count
@@ -109,6 +110,25 @@ softrdma_guarded_fetch_add:
 	movl	$1, %edx
 	ret
 	.size softrdma_guarded_fetch_add, . - softrdma_guarded_fetch_add
+
+// {0, 1} softrdma_guarded_probe(const void* p /* rdi */, size_t n /* rsi */): reads one byte of
+// every 4 KiB page [p, p + n) touches (a page is readable whole or not at all).
+	.type softrdma_guarded_probe, @function
+softrdma_guarded_probe:
+	testq	%rsi, %rsi
+	jz	.Lprobed
+	leaq	-1(%rdi,%rsi), %rcx
+.Lprobe_page:
+	movzbl	(%rdi), %eax
+	orq	$4095, %rdi
+	incq	%rdi
+	cmpq	%rcx, %rdi
+	jbe	.Lprobe_page
+.Lprobed:
+	xorl	%eax, %eax
+	movl	$1, %edx
+	ret
+	.size softrdma_guarded_probe, . - softrdma_guarded_probe
 softrdma_guarded_end:
 
 	.type softrdma_guarded_fault_exit, @function

@@ -33,6 +33,7 @@ SoftrdmaGuardedResult softrdma_guarded_place(void* dst, const void* src, size_t 
 SoftrdmaGuardedResult softrdma_guarded_store8(void* p, uint64_t value);
 SoftrdmaGuardedResult softrdma_guarded_compare_swap(uint64_t* p, uint64_t compare, uint64_t swap);
 SoftrdmaGuardedResult softrdma_guarded_fetch_add(uint64_t* p, uint64_t add);
+SoftrdmaGuardedResult softrdma_guarded_probe(const void* p, size_t n);
 }
 #endif
 
@@ -122,6 +123,18 @@ inline bool GuardedFetchAdd(uint64_t* p, uint64_t add, uint64_t* orig) {
   return SeenAsAtomic(p, orig, [&] { return softrdma_guarded_fetch_add(p, add); });
 #else
   *orig = __atomic_fetch_add(p, add, __ATOMIC_SEQ_CST);
+  return true;
+#endif
+}
+
+// Whether every page of [p, p + n) can be read now: the source of a READ response, which the
+// application may have unmapped or made inaccessible since it registered it (a remote READ must
+// not end its process).
+inline bool Readable(const void* p, size_t n) {
+#if defined(__x86_64__)
+  return softrdma_guarded_probe(p, n).ok != 0;
+#else
+  (void)p, (void)n;
   return true;
 #endif
 }

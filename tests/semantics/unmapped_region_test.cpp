@@ -5,14 +5,17 @@
 // gone, and the access fails as a page fault of an on-demand region fails on an HCA
 // (REM_ACCESS_ERR for a WRITE, LOC_PROT_ERR at the receiver of a SEND and for a READ's or an
 // atomic's local buffer). Before, the placement's SIGSEGV (SEGV_MAPERR) or SIGBUS killed the
-// process whose pages they were.
+// process whose pages they were. A READ of pages gone is refused (REM_ACCESS_ERR) by a responder
+// that lives on; before, the response's copy killed it.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <ostream>
+#include <string>
 
 #include "support/fresh_process.h"
 #include "support/semantics_harness.h"
@@ -54,19 +57,21 @@ struct UnmappedPages {
 };
 
 // The completion status of each access (-1: none came): the requester's for the WRITE, the SEND,
-// the READ and the atomic, the responder's for the SEND's receive (`recv`).
+// the READs and the atomic, the responder's for the SEND's receive (`recv`). `read` lands in the
+// pages, `remote_read` reads them.
 struct Outcome {
-  int write = -1, send = -1, recv = -1, read = -1, atomic_result = -1;
+  int write = -1, send = -1, recv = -1, read = -1, atomic_result = -1, remote_read = -1;
   bool operator==(const Outcome&) const = default;
 };
 std::ostream& operator<<(std::ostream& os, const Outcome& o) {
   return os << "WRITE " << o.write << ", SEND " << o.send << " (receive " << o.recv << "), READ "
-            << o.read << ", atomic result " << o.atomic_result;
+            << o.read << ", atomic result " << o.atomic_result << ", READ of them "
+            << o.remote_read;
 }
-constexpr Outcome kRefused{IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR,
-                           IBV_WC_LOC_PROT_ERR, IBV_WC_LOC_PROT_ERR};
-constexpr Outcome kTaken{IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS,
-                         IBV_WC_SUCCESS};
+constexpr Outcome kRefused{IBV_WC_REM_ACCESS_ERR, IBV_WC_REM_OP_ERR,   IBV_WC_LOC_PROT_ERR,
+                           IBV_WC_LOC_PROT_ERR,   IBV_WC_LOC_PROT_ERR, IBV_WC_REM_ACCESS_ERR};
+constexpr Outcome kTaken{IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS,
+                         IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS};
 
 // What a peer process's pages are, for the tests with one.
 struct PeerTargets {
@@ -85,15 +90,15 @@ class UnmappedRegion : public VerbsTest {
            child.Send(v.RemoteOf(a)) && BringUp(a->qp, QpOpts{}, theirs) == 0 && child.Recv(t);
   }
   // `gone()` takes the pages away, then a WRITE and a SEND go into `target`'s pages, a READ and an
-  // atomic whose results land in `local`'s, each on a pair of its own (a failed access takes its
-  // QPs to error). The pairs are made before: creating them may map memory. `out_` is a mapped
-  // buffer of the requester's (sources, the READ's and the atomic's target).
+  // atomic whose results land in `local`'s, and a READ of `target`'s, each on a pair of its own (a
+  // failed access takes its QPs to error). The pairs are made before: creating them may map memory.
+  // `out_` is a mapped buffer of the requester's (sources, the READ's and the atomic's target).
   Outcome AccessAfter(const std::function<bool()>& gone, const UnmappedPages& target,
                       const UnmappedPages& local) {
     out_ = Buf(4096);
     if (!out_) return {};
     out_->Fill(0x5a);
-    std::pair<Qp*, Qp*> pairs[4];
+    std::pair<Qp*, Qp*> pairs[5];
     for (auto& [a, b] : pairs) Pair(QpOpts{}, &a, &b);
     if (!gone()) return {};
     Outcome o;
@@ -125,6 +130,10 @@ class UnmappedRegion : public VerbsTest {
     add.compare_add = 1;
     if (Post(pairs[3].first->qp, add) == 0 && PollOne(pairs[3].first->scq, &wc))
       o.atomic_result = wc.status;
+    if (auto [a, b] = pairs[4];
+        PostRdma(a->qp, IBV_WR_RDMA_READ, *out_, 0, 64, target.addr(8), target.mr->rkey, 6) == 0 &&
+        PollOne(a->scq, &wc))
+      o.remote_read = wc.status;
     return o;
   }
   Buffer* out_ = nullptr;
@@ -160,11 +169,33 @@ TEST_F(UnmappedRegion, PagesOfATruncatedFileFailTheAccessAndTheProcessLivesOn) {
   munmap(p, len);
 }
 
+// Writes into arena pages land. A READ of them is answered here from the application's addresses,
+// which are gone: refused as an on-demand region's page fault (a same-host peer's direct READ,
+// which reads the arena, is served: APeerProcessReadsPagesItsOwnerUnmapped).
 TEST_F(UnmappedRegion, ArenaPagesTakeTheAccessAsAnHcaWouldTheirPinnedPages) {
   UnmappedPages target(v.pd, kArenaBytes);
   UnmappedPages local(v.pd, kArenaBytes);
   ASSERT_TRUE(target.mr && local.mr) << strerror(errno);
-  EXPECT_EQ(AccessAfter([&] { return target.Unmap() && local.Unmap(); }, target, local), kTaken);
+  Outcome taken = kTaken;
+  taken.remote_read = IBV_WC_REM_ACCESS_ERR;
+  EXPECT_EQ(AccessAfter([&] { return target.Unmap() && local.Unmap(); }, target, local), taken);
+}
+
+// Pages the application made inaccessible (PROT_NONE) after registering them: a READ of them is
+// refused as above. Before, in one process the refusal blamed the requester's buffer
+// (LOC_PROT_ERR); from a peer process the READ killed its responder, as for pages unmapped.
+TEST_F(UnmappedRegion, AReadOfPagesMadeInaccessibleIsRefused) {
+  UnmappedPages target(v.pd, kPage);
+  ASSERT_TRUE(target.mr) << strerror(errno);
+  Buffer* in = Buf(4096);
+  ASSERT_NE(in, nullptr);
+  Qp *a, *b;
+  Pair(QpOpts{}, &a, &b);
+  ASSERT_EQ(mprotect(target.base, kPage, PROT_NONE), 0);
+  ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *in, 0, 64, target.addr(8), target.mr->rkey, 1), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << WcStr(wc);
 }
 
 // The same between two processes, the unmapped pages the peer's: SENDs into its arena pages (the
@@ -274,6 +305,57 @@ TEST_F(UnmappedRegion, ADirectAtomicsResultInPagesUnmappedFailsTheRequest) {
   EXPECT_EQ(attr.qp_state, IBV_QPS_ERR);
   EXPECT_TRUE(child.Send('x'));
   EXPECT_EQ(child.Wait(), 0) << "17: the atomic was not done in the peer's word";
+}
+
+// A peer process READs pages their owner unmapped: the owner's responder answers REM_ACCESS_ERR
+// (an on-demand region's page fault) instead of dying in the response's copy. Over shared memory
+// a READ of arena pages is the peer's own (direct) and is served first. Over TCP (the fresh run
+// below) only the refusal: the arena's READ would be answered by the owner, refused, and take the
+// QP to error first.
+int ReadTarget(ChildPipe p) {
+  ChildQp c;
+  if (int e = c.Connect(p, QpOpts{}, 64)) return e;
+  UnmappedPages arena(c.v.pd, kArenaBytes);
+  UnmappedPages private_page(c.v.pd, kPage);
+  if (!arena.mr || !private_page.mr) return 14;
+  std::memset(arena.base, 0x33, 64);
+  // The arena's pages stay mapped: the connection a TCP peer opens now could take their place.
+  if (!private_page.Unmap()) return 15;
+  if (!p.Send(
+          PeerTargets{arena.addr(0), private_page.addr(0), arena.mr->rkey, private_page.mr->rkey}))
+    return 16;
+  char done;
+  return p.Recv(&done) ? 0 : 17;
+}
+
+TEST_F(UnmappedRegion, APeerProcessReadsPagesItsOwnerUnmapped) {
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* in = Buf(4096);
+  ASSERT_TRUE(a && in);
+  ForkedPeer child;
+  PeerTargets t;
+  ASSERT_TRUE(StartPeer(child, ReadTarget, a, &t));
+  ibv_wc wc{};
+  const char* link = getenv("SOFTRDMA_LINK");
+  if (!link || std::string(link) != "tcp") {
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *in, 0, 64, t.arena, t.arena_rkey, 1), 0);
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "READ of mapped arena pages: " << WcStr(wc);
+    EXPECT_EQ(in->data()[0], 0x33);
+  }
+  ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_READ, *in, 0, 64, t.private_page + 8, t.private_rkey, 2),
+            0);
+  ASSERT_TRUE(PollOne(a->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << "READ of private pages: " << WcStr(wc);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer failed or died";
+}
+
+TEST(UnmappedRegionOnTcp, APeerProcessReadsPagesItsOwnerUnmapped) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("UnmappedRegion.APeerProcessReadsPagesItsOwnerUnmapped", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
 }
 
 TEST(UnmappedRegionOnTcp, APeerProcessTakesAccessesToPagesItUnmapped) {

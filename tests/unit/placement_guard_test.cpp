@@ -68,6 +68,25 @@ TEST_F(PlacementGuard, ReadingAnInaccessiblePageFails) {
   EXPECT_FALSE(GuardedPlace(to.data(), none.p, 64));
 }
 
+// The probe of a READ's source: every page of the range is looked at, the last one too, and an
+// inaccessible or unmapped page makes it false; nothing is written.
+TEST_F(PlacementGuard, AProbeFindsEveryPageThatCannotBeRead) {
+  Pages three(3, PROT_NONE, 2);
+  ASSERT_NE(three.p, nullptr);
+  EXPECT_TRUE(Readable(three.p, 0));
+  EXPECT_TRUE(Readable(three.p + 1, 2 * kPage - 1));
+  EXPECT_FALSE(Readable(three.p + 1, 2 * kPage));  // its last byte is the third page's first
+  EXPECT_FALSE(Readable(three.p + 2 * kPage + 8, 8));
+  Pages holed(3, PROT_READ);  // its middle page unmapped: a hole nothing else is mapped into
+  ASSERT_NE(holed.p, nullptr);
+  ASSERT_EQ(munmap(holed.p + kPage, kPage), 0);
+  EXPECT_FALSE(Readable(holed.p + kPage, 64));
+  EXPECT_FALSE(Readable(holed.p, 2 * kPage));
+  Pages read_only(1, PROT_READ);
+  ASSERT_NE(read_only.p, nullptr);
+  EXPECT_TRUE(Readable(read_only.p, kPage));
+}
+
 // A copy that faults halfway (its second page read-only) reports it; the way past the protection
 // then writes all of it.
 TEST_F(PlacementGuard, PastTheProtectionEveryByteLands) {
