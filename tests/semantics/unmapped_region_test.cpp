@@ -79,6 +79,16 @@ struct PeerTargets {
   uint32_t arena_rkey = 0, private_rkey = 0;
 };
 
+// A peer process's pages of both kinds.
+struct PeerPages {
+  explicit PeerPages(ibv_pd* pd) : arena(pd, kArenaBytes), private_page(pd, kPage) {}
+  bool ok() const { return arena.mr && private_page.mr; }
+  PeerTargets Targets() const {
+    return {arena.addr(0), private_page.addr(0), arena.mr->rkey, private_page.mr->rkey};
+  }
+  UnmappedPages arena, private_page;
+};
+
 class UnmappedRegion : public VerbsTest {
  protected:
   // Starts `peer` in a child process, connects `a` to its QP and takes the targets it sends.
@@ -207,17 +217,15 @@ constexpr uint32_t kSendSizes[] = {32, 1500};
 int UnmappedTarget(ChildPipe p) {
   ChildQp c;
   if (int e = c.Connect(p, QpOpts{}, 64)) return e;
-  UnmappedPages arena(c.v.pd, kArenaBytes);
-  UnmappedPages private_page(c.v.pd, kPage);
-  if (!arena.mr || !private_page.mr) return 14;
+  PeerPages pages(c.v.pd);
+  if (!pages.ok()) return 14;
+  UnmappedPages &arena = pages.arena, &private_page = pages.private_page;
   // A first message into a mapped buffer opens the connection (TCP) before the unmapping: what
   // that maps is not mapped later, into the holes.
   if (PostRecv(c.q->qp, *c.b, 0, 64, 0)) return 15;
   for (uint64_t i = 1; i <= 2; ++i)
     if (PostRecvSge(c.q->qp, ibv_sge{arena.addr(4096 * i), 2048, arena.mr->lkey}, i)) return 15;
-  if (!p.Send(
-          PeerTargets{arena.addr(0), private_page.addr(0), arena.mr->rkey, private_page.mr->rkey}))
-    return 16;
+  if (!p.Send(pages.Targets())) return 16;
   ibv_wc wc{};
   if (!PollOne(c.q->rcq, &wc) || wc.status != IBV_WC_SUCCESS) return 17;
   if (!arena.Unmap() || !private_page.Unmap() || !p.Send('u')) return 18;
@@ -315,15 +323,13 @@ TEST_F(UnmappedRegion, ADirectAtomicsResultInPagesUnmappedFailsTheRequest) {
 int ReadTarget(ChildPipe p) {
   ChildQp c;
   if (int e = c.Connect(p, QpOpts{}, 64)) return e;
-  UnmappedPages arena(c.v.pd, kArenaBytes);
-  UnmappedPages private_page(c.v.pd, kPage);
-  if (!arena.mr || !private_page.mr) return 14;
+  PeerPages pages(c.v.pd);
+  if (!pages.ok()) return 14;
+  UnmappedPages &arena = pages.arena, &private_page = pages.private_page;
   std::memset(arena.base, 0x33, 64);
   // The arena's pages stay mapped: the connection a TCP peer opens now could take their place.
   if (!private_page.Unmap()) return 15;
-  if (!p.Send(
-          PeerTargets{arena.addr(0), private_page.addr(0), arena.mr->rkey, private_page.mr->rkey}))
-    return 16;
+  if (!p.Send(pages.Targets())) return 16;
   char done;
   return p.Recv(&done) ? 0 : 17;
 }
