@@ -20,7 +20,7 @@ std::atomic<uintptr_t> g_lo{0};
 std::atomic<uintptr_t> g_hi{0};
 std::atomic<uint32_t> g_moving{0};  // 1 while a move is on (a futex word)
 std::atomic<pid_t> g_mover{0};      // the thread moving
-uintptr_t g_page_bytes = 4096;      // set before our handler goes in
+const uintptr_t g_page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
 std::atomic<int64_t> g_ended_ns{0};
 // A fault in the last move's pages this soon after its end is one of its writes, retried; later,
 // those pages are the application's again, and a fault there is its own (retrying that for ever
@@ -87,32 +87,24 @@ void OnBusError(int sig, siginfo_t* info, void* context) {
   PassOn(sig, info, context);
 }
 
-void InstallBusErrorHandler() {
+// Puts `handler` in for `sig` unless it is there already; the one it replaces goes to `previous`.
+bool InstallFor(int sig, void (*handler)(int, siginfo_t*, void*), struct sigaction* previous) {
   struct sigaction current {};
-  if (sigaction(SIGBUS, nullptr, &current) != 0) return;
-  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnBusError) return;
+  if (sigaction(sig, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == handler) return true;
   struct sigaction ours {};
-  ours.sa_sigaction = OnBusError;
+  ours.sa_sigaction = handler;
   ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
   sigemptyset(&ours.sa_mask);
-  g_previous_bus = current;
-  sigaction(SIGBUS, &ours, nullptr);
+  *previous = current;
+  return sigaction(sig, &ours, nullptr) == 0;
 }
 
-// Ours goes (back) in before every move: the application may have put its own in since, which
-// then becomes the one faults not ours go to.
+// Ours go (back) in before every move: the application may have put its own in since, which
+// then become the ones faults not ours go to.
 bool Install() {
-  InstallBusErrorHandler();
-  struct sigaction current {};
-  if (sigaction(SIGSEGV, nullptr, &current) != 0) return false;
-  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnFault) return true;
-  g_page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  struct sigaction ours {};
-  ours.sa_sigaction = OnFault;
-  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
-  sigemptyset(&ours.sa_mask);
-  g_previous = current;
-  return sigaction(SIGSEGV, &ours, nullptr) == 0;
+  InstallFor(SIGBUS, OnBusError, &g_previous_bus);
+  return InstallFor(SIGSEGV, OnFault, &g_previous);
 }
 
 // The move is over (`restore`: it failed, the old pages are made writable again): writers that

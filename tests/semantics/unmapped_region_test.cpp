@@ -56,6 +56,19 @@ struct UnmappedPages {
   ibv_mr* mr = nullptr;
 };
 
+// A READ (`add` 0) or a FETCH_AND_ADD of `add` whose result lands in `local`'s pages at `off`.
+SendArgs ResultInto(const UnmappedPages& local, size_t off, uint64_t remote_addr, uint32_t rkey,
+                    uint64_t wr_id, uint64_t add = 0) {
+  SendArgs s;
+  s.opcode = add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_RDMA_READ;
+  s.wr_id = wr_id;
+  s.sges = {ibv_sge{local.addr(off), add ? 8u : 64u, local.mr->lkey}};
+  s.remote_addr = remote_addr;
+  s.rkey = rkey;
+  s.compare_add = add;
+  return s;
+}
+
 // The completion status of each access (-1: none came): the requester's for the WRITE, the SEND,
 // the READs and the atomic, the responder's for the SEND's receive (`recv`). `read` lands in the
 // pages, `remote_read` reads them.
@@ -123,22 +136,10 @@ class UnmappedRegion : public VerbsTest {
       o.send = wc.status;
       if (PollOne(b->rcq, &wc)) o.recv = wc.status;
     }
-    SendArgs read;
-    read.opcode = IBV_WR_RDMA_READ;
-    read.wr_id = 4;
-    read.sges = {ibv_sge{local.addr(0), 64, local.mr->lkey}};
-    read.remote_addr = out_->addr(0);
-    read.rkey = out_->rkey();
-    if (Post(pairs[2].first->qp, read) == 0 && PollOne(pairs[2].first->scq, &wc))
-      o.read = wc.status;
-    SendArgs add;
-    add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    add.wr_id = 5;
-    add.sges = {ibv_sge{local.addr(512), 8, local.mr->lkey}};
-    add.remote_addr = out_->addr(128);
-    add.rkey = out_->rkey();
-    add.compare_add = 1;
-    if (Post(pairs[3].first->qp, add) == 0 && PollOne(pairs[3].first->scq, &wc))
+    const SendArgs read = ResultInto(local, 0, out_->addr(0), out_->rkey(), 4);
+    if (Qp* a = pairs[2].first; Post(a->qp, read) == 0 && PollOne(a->scq, &wc)) o.read = wc.status;
+    const SendArgs add = ResultInto(local, 512, out_->addr(128), out_->rkey(), 5, 1);
+    if (Qp* a = pairs[3].first; Post(a->qp, add) == 0 && PollOne(a->scq, &wc))
       o.atomic_result = wc.status;
     if (auto [a, b] = pairs[4];
         PostRdma(a->qp, IBV_WR_RDMA_READ, *out_, 0, 64, target.addr(8), target.mr->rkey, 6) == 0 &&
@@ -300,14 +301,7 @@ TEST_F(UnmappedRegion, ADirectAtomicsResultInPagesUnmappedFailsTheRequest) {
   PeerTargets t;
   ASSERT_TRUE(StartPeer(child, AtomicTarget, a, &t));
   ASSERT_TRUE(local.Unmap());
-  SendArgs add;
-  add.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-  add.wr_id = 1;
-  add.sges = {ibv_sge{local.addr(0), 8, local.mr->lkey}};
-  add.remote_addr = t.arena + 8;
-  add.rkey = t.arena_rkey;
-  add.compare_add = 7;
-  ASSERT_EQ(Post(a->qp, add), 0);
+  ASSERT_EQ(Post(a->qp, ResultInto(local, 0, t.arena + 8, t.arena_rkey, 1, 7)), 0);
   ibv_wc wc{};
   ASSERT_TRUE(PollOne(a->scq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
