@@ -46,15 +46,12 @@ struct UnmappedPages {
   ~UnmappedPages() {
     if (mr) ibv_dereg_mr(mr);
     if (!reserved) return;
-    if (!unmapped) {
-      munmap(reserved, len + 2 * kPage);
-      return;
-    }
-    // Only the guard pages: the hole is no longer ours. ThreadSanitizer's runtime maps a thread's
-    // signal state when the thread first needs it, and it landed in the hole; unmapping the whole
-    // reservation took it away, and the thread's next blocking call died of SIGSEGV.
-    munmap(reserved, kPage);
-    munmap(base + len, kPage);
+    munmap(reserved, kPage);  // the guard pages
+    munmap(reserved + kPage + len, kPage);
+    // The pages between only while they are ours: once unmapped, the hole may hold another's
+    // mapping (ThreadSanitizer's runtime put a thread's signal state there, and unmapping the whole
+    // reservation killed that thread at its next blocking call).
+    if (!unmapped) munmap(reserved + kPage, len);
   }
   // Last before the accesses.
   bool Unmap() {
