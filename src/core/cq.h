@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/event_queue.h"
-#include "link/fast_mutex.h"
+#include "link/biased_mutex.h"
 
 namespace softrdma::core {
 
@@ -81,7 +81,7 @@ class Cq {
   CompChannel* channel_;
   void* user_handle_;
   const bool timestamps_;
-  link::FastMutex mu_;
+  link::QueueMutex mu_;
   std::vector<Cqe> ring_;
   size_t head_ = 0, count_ = 0;
   size_t Next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }

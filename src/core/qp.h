@@ -12,7 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#include "link/fast_mutex.h"
+#include "link/biased_mutex.h"
 #include "core/frame_receiver.h"
 #include "core/limits.h"
 #include "core/mr.h"
@@ -317,7 +317,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   const bool block_self_mcast_;
   ibv_qp* user_handle_;
 
-  link::FastMutex mu_;
+  link::QueueMutex mu_;
   MrTable::Cache mr_cache_;              // under mu_: the local keys of the direct paths
   link::PeerWindows::Memo window_memo_;  // under mu_: the peer's window the direct path used last
   link::PeerWindows::Memo recv_window_memo_;  // under mu_: the same, for direct SENDs' buffers
