@@ -65,6 +65,7 @@ TEST_F(CmEvents, AddrErrorNobodyOwnsAddress) {
   ASSERT_NE(id, nullptr);
   sockaddr_storage dst = Ip("198.51.100.7", NextPort());
   constexpr int kTimeoutMs = 400;
+  if (NetworkAnswersFor(dst, kTimeoutMs)) GTEST_SKIP() << "this network answers for 198.51.100.7";
   auto t0 = Clock::now();
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, Sa(&dst), kTimeoutMs), 0) << strerror(errno);
   Event e;

@@ -61,6 +61,7 @@ TEST_F(CmSync, ResolveOfAnAddressNobodyOwnsFailsWithinItsTimeout) {
   rdma_cm_id* id = NewId(nullptr);
   ASSERT_NE(id, nullptr);
   sockaddr_storage dst = Ip("198.51.100.9", NextPort());
+  if (NetworkAnswersFor(dst, 300)) GTEST_SKIP() << "this network answers for 198.51.100.9";
   auto t0 = Clock::now();
   Result r = Bounded([&] {
     int ret = rdma_resolve_addr(id, nullptr, Sa(&dst), 300);

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,6 +76,31 @@ inline sockaddr_storage Ip(const char* text, uint16_t port) {
 
 inline sockaddr* Sa(sockaddr_storage* ss) {
   return reinterpret_cast<sockaddr*>(ss);
+}
+
+// Whether something on this network answers a TCP connect to `dst` (accepts or refuses it) within
+// `ms`: some sandboxes' gateways refuse every connect to any address, TEST-NET ones included. The
+// CM then takes the address for a host's (a refusing host is there), so tests of an address that
+// nobody answers for cannot run on such a network.
+inline bool NetworkAnswersFor(const sockaddr_storage& dst, int ms) {
+  const int fd = socket(dst.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const socklen_t len =
+      dst.ss_family == AF_INET ? sizeof(sockaddr_in) : static_cast<socklen_t>(sizeof(sockaddr_in6));
+  bool answered = connect(fd, reinterpret_cast<const sockaddr*>(&dst), len) == 0;
+  if (!answered && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, ms) == 1) {
+      int err = 0;
+      socklen_t el = sizeof err;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+      answered = err == 0 || err == ECONNREFUSED;
+    }
+  } else if (!answered) {
+    answered = errno == ECONNREFUSED;
+  }
+  close(fd);
+  return answered;
 }
 
 // Binds `id` to `ip`:<a free port> (ports are shared with every test process running at the same
