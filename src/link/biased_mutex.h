@@ -23,8 +23,13 @@
 
 namespace softrdma::link {
 
-// Whether this process can revoke a bias (membarrier private expedited, registered). Asked once.
+// Whether this process can revoke a bias (membarrier private expedited, registered). The first call
+// registers, which takes the kernel ~10 ms (an RCU grace period): see PrepareBiasInBackground.
 bool BiasSupported();
+// Registers on a thread of its own (once per process), so that no application call waits for it;
+// locks are biased once it is done (BiasReady).
+void PrepareBiasInBackground();
+bool BiasReady();
 // A full memory barrier on every running thread of this process; false if the kernel refused.
 bool BarrierOnAllThreads();
 
@@ -51,6 +56,9 @@ class BiasedMutex {
       const uint32_t e = fast_epoch_;
       fast_epoch_ = kNone;
       inside_[e].store(0, std::memory_order_release);
+      // A revoker that waits says so before its barrier: this load then sees it, or the store
+      // above is seen by the revoker before it sleeps (see RevokeLocked).
+      if (revoker_waits_.load(std::memory_order_relaxed)) WakeRevoker(e);
       return;
     }
     mu_.unlock();
@@ -64,6 +72,7 @@ class BiasedMutex {
 
  private:
   static constexpr uint32_t kNone = ~0u;
+  static constexpr uint32_t kSpinsBeforeSleep = 100;  // ~2 us of pauses, then a futex wait
   static constexpr uintptr_t kEpochMask = kEpochs - 1;
   static_assert((kEpochs & kEpochMask) == 0, "epochs fit the thread pointer's low bits");
 
@@ -102,10 +111,12 @@ class BiasedMutex {
   bool RevokeLocked(bool wait);
   bool OwnerLeftLocked(bool wait);
   void NoteAcquiredLocked();
+  void WakeRevoker(uint32_t epoch);
 
-  std::atomic<uintptr_t> bias_{0};  // owner's thread pointer | epoch, or 0
-  std::atomic<uint8_t> inside_[kEpochs] = {};
-  uint32_t fast_epoch_ = kNone;  // the holder's: how it holds the lock
+  std::atomic<uintptr_t> bias_{0};              // owner's thread pointer | epoch, or 0
+  std::atomic<uint32_t> inside_[kEpochs] = {};  // futex words: a revoker sleeps on them
+  std::atomic<uint32_t> revoker_waits_{0};      // from a revocation until its owner is seen out
+  uint32_t fast_epoch_ = kNone;                 // the holder's: how it holds the lock
   FutexMutex mu_;
   // Under mu_.
   uintptr_t last_holder_ = 0;
