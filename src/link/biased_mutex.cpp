@@ -115,15 +115,15 @@ void BiasedMutex::WakeRevoker(uint32_t epoch) {
   syscall(SYS_futex, &inside_[epoch], FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
 
-// A thread that took the lock kBiasAfter times in a row gets it biased to it.
+// A thread that took the lock StreakFor(next_epoch_) times in a row gets it biased to it.
 void BiasedMutex::NoteAcquiredLocked() {
   const uintptr_t self = Self();
   if (self != last_holder_) {
     last_holder_ = self;
     streak_ = 0;
   }
-  if (++streak_ < kBiasAfter || next_epoch_ == kEpochs || self == 0 || (self & kEpochMask) ||
-      !BiasReady())
+  if (next_epoch_ == kEpochs || ++streak_ < StreakFor(next_epoch_) || self == 0 ||
+      (self & kEpochMask) || !BiasReady())
     return;
   bias_.store(self | next_epoch_, std::memory_order_relaxed);
   ++next_epoch_;

@@ -1,8 +1,9 @@
 // The lock of a queue pair and of a CQ, which one application thread takes over and over (its
-// polls, posts and reposts): after kBiasAfter acquisitions in a row by one thread, the lock is
-// biased to it, and that thread then takes and releases it with plain stores — no locked
-// instruction. ib_send_lat crosses four such locks per message one way; their eight locked
-// instructions were a third of the time our code added to a cache line's crossing.
+// polls, posts and reposts): after kBiasAfter acquisitions in a row by one thread (more after each
+// revocation: StreakFor), the lock is biased to it, and that thread then takes and releases it with
+// plain stores — no locked instruction. ib_send_lat crosses four such locks per message one way;
+// their eight locked instructions were a third of the time our code added to a cache line's
+// crossing.
 //
 // Another thread that wants the lock revokes the bias: it takes the inner FutexMutex, clears the
 // bias, has every thread of the process pass a full barrier (membarrier(2), expedited), and waits
@@ -36,7 +37,13 @@ bool BarrierOnAllThreads();
 class BiasedMutex {
  public:
   static constexpr uint32_t kBiasAfter = 64;
-  static constexpr uint32_t kEpochs = 4;
+  static constexpr uint32_t kEpochs = 16;
+  // The run of acquisitions by one thread that gives bias number `epoch`: longer after each
+  // revocation, so that a lock two threads share stops changing hands soon, while one that
+  // another thread took only for a moment (a progress thread's burst at start-up) is biased again.
+  static constexpr uint32_t StreakFor(uint32_t epoch) {
+    return kBiasAfter << (epoch < 6 ? epoch : 6);
+  }
 
   void lock() {
     if (TryFast() != kGot) LockSlow();

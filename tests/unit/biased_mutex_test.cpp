@@ -132,7 +132,7 @@ TEST(BiasedMutex, BiasedAtMostKEpochsTimesThenPlain) {
   for (uint32_t t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
       while (turn.load() != t) std::this_thread::yield();
-      TakeTimes(m, BiasedMutex::kBiasAfter);
+      TakeTimes(m, BiasedMutex::StreakFor(t));
       biased[t] = m.BiasedToCaller();
       turn.store(t + 1);
       while (turn.load() != kThreads) std::this_thread::yield();
