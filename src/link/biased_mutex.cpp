@@ -27,9 +27,9 @@ bool Register() {
   return Membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
 }
 
-}  // namespace
-
 std::atomic<bool> g_bias_ready{false};
+
+}  // namespace
 
 bool BiasSupported() {
   static const bool supported = [] {

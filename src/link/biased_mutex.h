@@ -73,7 +73,8 @@ class BiasedMutex {
 
   // For tests: whether the calling thread holds the bias now, and how many biases were given.
   bool BiasedToCaller() const {
-    return (bias_.load(std::memory_order_relaxed) & ~kEpochMask) == Self();
+    const uintptr_t b = bias_.load(std::memory_order_relaxed);
+    return b != 0 && (b & ~kEpochMask) == Self();
   }
   uint32_t biases_given() const { return next_epoch_; }
 
