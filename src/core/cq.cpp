@@ -63,7 +63,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
       ++count_;
       queued_.store(count_, std::memory_order_release);
       if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
-        armed_ = kDisarmed;
+        SetArmedLocked(kDisarmed);
         notify = channel_ != nullptr;
         if (notify) {
           ++events_reported_;
@@ -201,9 +201,9 @@ int Cq::Arm(bool solicited_only) {
     std::lock_guard g(mu_);
     // A later "any completion" request widens an earlier solicited-only one, never the reverse.
     if (!solicited_only)
-      armed_ = kNext;
+      SetArmedLocked(kNext);
     else if (armed_ == kDisarmed)
-      armed_ = kSolicited;
+      SetArmedLocked(kSolicited);
   }
   ctx_.hca().PollerMaySleep();
   return 0;

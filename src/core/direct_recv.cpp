@@ -272,6 +272,17 @@ int Qp::TryCollectDirectRecvsInto(ibv_wc* out, int room) {
   return q ? CollectFromLocked(q, out, room) : 0;
 }
 
+// Taking the lock would revoke the bias of the application thread that polls this QP, at every
+// batch end of the progress thread (ib_send_lat: all sixteen biases spent within a second). That
+// thread collects what is done at its next poll. Where the CQ is armed it may instead sleep until
+// the event a collection raises: then the lock is taken, bias or not. (A slot done before the arm
+// is a completion already in the CQ: the application's poll after arming finds it.)
+bool Qp::CollectDirectRecvsKeepingBias() {
+  if (link::BiasedElsewhere(mu_) && !(recv_cq_ && recv_cq_->Armed())) return false;
+  CollectDirectRecvs();
+  return true;
+}
+
 bool Qp::TryCollectDirectRecvs() {
   std::unique_lock g(mu_, std::try_to_lock);
   if (!g.owns_lock()) return false;

@@ -440,7 +440,9 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
     std::lock_guard g(direct_mu_);
     qps = direct_qps_;
   }
-  for (auto& qp : qps) qp->CollectDirectRecvs();
+  bool all = true;
+  for (auto& qp : qps) all = qp->CollectDirectRecvsKeepingBias() && all;
+  if (!all) link::SharedWindows::Get().KeepRecvsPending();
   qps.clear();
   return true;
 }

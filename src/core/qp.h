@@ -149,6 +149,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void FlushAck();
   // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
   void CollectDirectRecvs();
+  // The progress thread's collection: false, collecting nothing, where an application thread
+  // holds the lock's bias and the receive CQ is not armed (that thread polls; see the .cpp).
+  bool CollectDirectRecvsKeepingBias();
   bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
   // Into the caller's array (Cq::PollDirectFeeds): how many; 0 also when the QP is busy.
   int TryCollectDirectRecvsInto(ibv_wc* out, int room);

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "link/fast_mutex.h"
 #include "link/sanitizers.h"
@@ -71,6 +72,11 @@ class BiasedMutex {
     mu_.unlock();
   }
 
+  // Whether another thread holds the bias: taking the lock would revoke it.
+  bool BiasedElsewhere() const {
+    const uintptr_t b = bias_.load(std::memory_order_relaxed);
+    return b != 0 && (b & ~kEpochMask) != Self();
+  }
   // For tests: whether the calling thread holds the bias now, and how many biases were given.
   bool BiasedToCaller() const {
     const uintptr_t b = bias_.load(std::memory_order_relaxed);
@@ -138,5 +144,14 @@ using QueueMutex = std::conditional_t<kThreadSanitizer, std::mutex, BiasedMutex>
 #else
 using QueueMutex = FastMutex;
 #endif
+
+// Whether another thread holds `m`'s bias (never, for a lock that is not biased).
+template <typename Mutex>
+bool BiasedElsewhere(const Mutex& m) {
+  if constexpr (std::is_same_v<Mutex, BiasedMutex>)
+    return m.BiasedElsewhere();
+  else
+    return false;
+}
 
 }  // namespace softrdma::link

@@ -131,9 +131,10 @@ int Sender(ChildPipe p, QpOpts o) {
 class DirectSend : public VerbsTest {
  protected:
   // A QP connected to a Sender child, and a shared region to receive into.
-  void Connect(const QpOpts& o = {}) {
+  // `mine`: this side's QP options where they differ (its CQs, which the child must not name).
+  void Connect(const QpOpts& o = {}, const QpOpts* mine = nullptr) {
     opts = o;
-    q = v.NewQp(o);
+    q = v.NewQp(mine ? *mine : o);
     ASSERT_NE(q, nullptr);
     ASSERT_TRUE(region.Make(v.pd));
     ASSERT_TRUE(child.Start([o](int up, int down) { return Sender(ChildPipe{up, down}, o); }));
@@ -187,6 +188,50 @@ class DirectSend : public VerbsTest {
   ForkedPeer child;
   uint32_t peer_qpn = 0;
 };
+
+// The progress thread leaves a QP whose lock is biased to a polling thread to that thread while
+// the CQ is not armed (Qp::CollectDirectRecvsKeepingBias: its collections revoked the bias at every
+// batch end, and all sixteen were spent within a second). Once the thread arms the CQ and blocks,
+// the progress thread must still collect what comes, bias or not, and raise the event.
+TEST_F(DirectSend, AThreadThatPolledLongThenBlocksGetsItsEvent) {
+  ibv_comp_channel* ch = v.NewChannel();
+  ASSERT_NE(ch, nullptr);
+  QpOpts mine;
+  mine.recv_cq = v.NewCq(512, ch);
+  ASSERT_NE(mine.recv_cq, nullptr);
+  Connect({}, &mine);
+  constexpr int kDepth = 32;
+  for (int i = 0; i < kDepth; ++i) ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, i), 0);
+  // Thousands of messages, each collected by this thread's polls and its receive reposted: the
+  // QP's and the CQ's locks are biased to this thread (where this kernel allows).
+  const Stream m{4000, 64};
+  ASSERT_TRUE(child.Send('m') && child.Send(m));
+  for (uint32_t got = 0; got < m.count; ++got) {
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->rcq, &wc, std::chrono::seconds(10))) << "message " << got;
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, wc.wr_id), 0);
+  }
+  int st = -1;
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+  ASSERT_EQ(st, IBV_WC_SUCCESS);
+  ASSERT_EQ(ibv_req_notify_cq(q->rcq, 0), 0);
+  ibv_wc wc{};
+  ASSERT_EQ(ibv_poll_cq(q->rcq, 1, &wc), 0);  // nothing came between the last poll and the arm
+  Order ord{64, 0, 0, 0};
+  ASSERT_TRUE(child.Send('s') && child.Send(ord));
+  pollfd p{ch->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "no completion event for a message to a blocked poller";
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+  EXPECT_EQ(ev_cq, q->rcq);
+  ibv_ack_cq_events(ev_cq, 1);
+  ASSERT_EQ(ibv_poll_cq(q->rcq, 1, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+}
 
 TEST_F(DirectSend, ACompletionCarriesWhatAFrameWouldHave) {
   Connect();
