@@ -131,10 +131,9 @@ int Sender(ChildPipe p, QpOpts o) {
 class DirectSend : public VerbsTest {
  protected:
   // A QP connected to a Sender child, and a shared region to receive into.
-  // `mine`: this side's QP options where they differ (its CQs, which the child must not name).
-  void Connect(const QpOpts& o = {}, const QpOpts* mine = nullptr) {
+  void Connect(const QpOpts& o = {}) {
     opts = o;
-    q = v.NewQp(mine ? *mine : o);
+    q = v.NewQp(o);
     ASSERT_NE(q, nullptr);
     ASSERT_TRUE(region.Make(v.pd));
     ASSERT_TRUE(child.Start([o](int up, int down) { return Sender(ChildPipe{up, down}, o); }));
@@ -196,10 +195,10 @@ class DirectSend : public VerbsTest {
 TEST_F(DirectSend, AThreadThatPolledLongThenBlocksGetsItsEvent) {
   ibv_comp_channel* ch = v.NewChannel();
   ASSERT_NE(ch, nullptr);
-  QpOpts mine;
-  mine.recv_cq = v.NewCq(512, ch);
-  ASSERT_NE(mine.recv_cq, nullptr);
-  Connect({}, &mine);
+  QpOpts o;
+  o.recv_cq = v.NewCq(512, ch);
+  ASSERT_NE(o.recv_cq, nullptr);
+  Connect(o);
   constexpr int kDepth = 32;
   for (int i = 0; i < kDepth; ++i) ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, i), 0);
   // Thousands of messages, each collected by this thread's polls and its receive reposted: the
