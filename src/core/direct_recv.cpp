@@ -7,7 +7,9 @@
 // queue and answers with RNR NAKs and errors as ever.
 #include <infiniband/verbs.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/cq.h"
 #include "core/hca.h"
@@ -60,6 +62,7 @@ void Qp::OpenDirectRecvLocked() {
   direct_rq_ = q;
   direct_posted_ = direct_collected_ = 0;
   direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state, 0);
+  next_direct_watch_.store(dr::Watch(&SlotOf(q, 0).state, 0), std::memory_order_relaxed);
   if (recv_cq_) direct_feed_ = recv_cq_->AddDirectFeed(this, dr::Watch(&SlotOf(q, 0).state, 0));
   q->counted.store(direct_watch_ < 0, std::memory_order_relaxed);  // before kRecvRight is granted
   RefillDirectRecvLocked(true);
@@ -191,6 +194,7 @@ bool Qp::CopyIntoWqeLocked(const uint8_t* from, uint32_t room, const RecvWqe& w,
 void Qp::WatchNextLocked(DirectRecvQueue* q) {
   const std::atomic<uint32_t>* next = &SlotOf(q, direct_collected_).state;
   hca_.WatchDirectRecv(direct_watch_, next, direct_collected_);
+  next_direct_watch_.store(dr::Watch(next, direct_collected_), std::memory_order_relaxed);
   if (recv_cq_) recv_cq_->WatchDirectFeed(direct_feed_, dr::Watch(next, direct_collected_));
 }
 
@@ -273,14 +277,34 @@ int Qp::TryCollectDirectRecvsInto(ibv_wc* out, int room) {
 }
 
 // Taking the lock would revoke the bias of the application thread that polls this QP, at every
-// batch end of the progress thread (ib_send_lat: all sixteen biases spent within a second). That
-// thread collects what is done at its next poll. Where the CQ is armed it may instead sleep until
-// the event a collection raises: then the lock is taken, bias or not. (A slot done before the arm
-// is a completion already in the CQ: the application's poll after arming finds it.)
-bool Qp::CollectDirectRecvsKeepingBias() {
-  if (link::BiasedElsewhere(mu_) && !(recv_cq_ && recv_cq_->Armed())) return false;
+// batch end of the progress thread (ib_send_lat: all sixteen biases spent within a second), mostly
+// for nothing: that thread collects the message itself, a fraction of a microsecond after it is
+// done. So the lock is taken when the CQ is armed (its thread may sleep until the event a
+// collection raises), or when the next slot is done and stays so, uncollected, after a grace
+// period (the caller took the peers' count first: a slot done after this look counts again). The
+// grace ends in a short sleep: this thread runs at real-time priority, and where it shares the
+// polling thread's core, that thread collects only once it has the core back. A polling thread
+// that collects meanwhile keeps the rest: it is at work. The first form never took the lock while
+// not armed and kept the count pending: the progress thread never slept, and took the core from
+// the application for good (ib_send_lat -a hung on two cores).
+void Qp::CollectDirectRecvsKeepingBias() {
+  if (link::BiasedElsewhere(mu_) && !(recv_cq_ && recv_cq_->Armed())) {
+    const uint64_t watch = next_direct_watch_.load(std::memory_order_relaxed);
+    auto owner_collected = [&] {
+      return !dr::WatchSeesDone(watch) ||
+             next_direct_watch_.load(std::memory_order_relaxed) != watch;
+    };
+    if (watch != 0) {
+      for (int i = 0; i < kOwnerGracePauses; ++i) {
+        if (owner_collected()) return;
+        link::SpinPause();
+      }
+      if (owner_collected()) return;
+      std::this_thread::sleep_for(std::chrono::nanoseconds(kOwnerGraceSleepNs));
+      if (owner_collected()) return;
+    }
+  }
   CollectDirectRecvs();
-  return true;
 }
 
 bool Qp::TryCollectDirectRecvs() {
@@ -345,6 +369,7 @@ void Qp::CloseDirectRecvLocked() {
   direct_rq_refused_ = false;
   if (recv_cq_) recv_cq_->RemoveDirectFeed(direct_feed_);  // also a fork child's (q is null there)
   direct_feed_ = -1;
+  next_direct_watch_.store(0, std::memory_order_relaxed);
   if (!q) return;
   PublishEndpointLocked();  // no kRecvRight: no sender takes a WQE once the queue is sealed
   link::SharedWindows::SealRecvQueue(q);

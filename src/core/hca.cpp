@@ -440,9 +440,7 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
     std::lock_guard g(direct_mu_);
     qps = direct_qps_;
   }
-  bool all = true;
-  for (auto& qp : qps) all = qp->CollectDirectRecvsKeepingBias() && all;
-  if (!all) link::SharedWindows::Get().KeepRecvsPending();
+  for (auto& qp : qps) qp->CollectDirectRecvsKeepingBias();
   qps.clear();
   return true;
 }

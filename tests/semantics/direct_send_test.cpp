@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -188,32 +189,39 @@ class DirectSend : public VerbsTest {
   uint32_t peer_qpn = 0;
 };
 
-// The progress thread leaves a QP whose lock is biased to a polling thread to that thread while
-// the CQ is not armed (Qp::CollectDirectRecvsKeepingBias: its collections revoked the bias at every
-// batch end, and all sixteen were spent within a second). Once the thread arms the CQ and blocks,
-// the progress thread must still collect what comes, bias or not, and raise the event.
-TEST_F(DirectSend, AThreadThatPolledLongThenBlocksGetsItsEvent) {
+// Once a thread has polled thousands of messages (each collected by its polls and its receive
+// reposted), the QP's and the CQ's locks are biased to it where this kernel allows; the progress
+// thread then collects only a slot that is done, or for an armed CQ
+// (Qp::CollectDirectRecvsKeepingBias).
+class DirectSendAfterALongPoll : public DirectSend {
+ protected:
+  void PollAStream(const QpOpts& o) {
+    Connect(o);
+    constexpr int kDepth = 32;
+    for (int i = 0; i < kDepth; ++i) ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, i), 0);
+    const Stream m{4000, 64};
+    ASSERT_TRUE(child.Send('m') && child.Send(m));
+    for (uint32_t got = 0; got < m.count; ++got) {
+      ibv_wc wc{};
+      ASSERT_TRUE(PollOne(q->rcq, &wc, std::chrono::seconds(10))) << "message " << got;
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+      ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, wc.wr_id), 0);
+    }
+    int st = -1;
+    ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+    ASSERT_EQ(st, IBV_WC_SUCCESS);
+  }
+};
+
+// Once the thread arms the CQ and blocks, the progress thread must collect what comes, bias or
+// not, and raise the event.
+TEST_F(DirectSendAfterALongPoll, AThreadThatThenBlocksGetsItsEvent) {
   ibv_comp_channel* ch = v.NewChannel();
   ASSERT_NE(ch, nullptr);
   QpOpts o;
   o.recv_cq = v.NewCq(512, ch);
   ASSERT_NE(o.recv_cq, nullptr);
-  Connect(o);
-  constexpr int kDepth = 32;
-  for (int i = 0; i < kDepth; ++i) ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, i), 0);
-  // Thousands of messages, each collected by this thread's polls and its receive reposted: the
-  // QP's and the CQ's locks are biased to this thread (where this kernel allows).
-  const Stream m{4000, 64};
-  ASSERT_TRUE(child.Send('m') && child.Send(m));
-  for (uint32_t got = 0; got < m.count; ++got) {
-    ibv_wc wc{};
-    ASSERT_TRUE(PollOne(q->rcq, &wc, std::chrono::seconds(10))) << "message " << got;
-    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
-    ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, wc.wr_id), 0);
-  }
-  int st = -1;
-  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
-  ASSERT_EQ(st, IBV_WC_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(PollAStream(o));
   ASSERT_EQ(ibv_req_notify_cq(q->rcq, 0), 0);
   ibv_wc wc{};
   ASSERT_EQ(ibv_poll_cq(q->rcq, 1, &wc), 0);  // nothing came between the last poll and the arm
@@ -228,8 +236,32 @@ TEST_F(DirectSend, AThreadThatPolledLongThenBlocksGetsItsEvent) {
   ibv_ack_cq_events(ev_cq, 1);
   ASSERT_EQ(ibv_poll_cq(q->rcq, 1, &wc), 1);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  int st = -1;
   ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
   EXPECT_EQ(st, IBV_WC_SUCCESS);
+}
+
+// A message that comes while the polling thread pauses is collected by the progress thread,
+// which then sleeps, bias or not. Its first form left a biased QP to the polling thread and kept
+// the peers' count pending for it, always: the progress thread never slept again, and at its
+// real-time priority it took the core from the application (ib_send_lat -a over shared memory
+// hung on two cores).
+TEST_F(DirectSendAfterALongPoll, AMessageWhileThePollingThreadPausesIsCollectedAndTheHcaSleeps) {
+  ASSERT_NO_FATAL_FAILURE(PollAStream({}));
+  ASSERT_EQ(Send(64), IBV_WC_SUCCESS);  // the sender completes at once, placed or not
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  getrusage(RUSAGE_SELF, &after);
+  auto us = [](const timeval& t) { return t.tv_sec * 1000000L + t.tv_usec; };
+  const long cpu_us =
+      us(after.ru_utime) - us(before.ru_utime) + us(after.ru_stime) - us(before.ru_stime);
+  // A spinning thread uses the whole second; a sleeping one a few wake-ups' worth.
+  EXPECT_LT(cpu_us, 250000) << "the process used " << cpu_us << " us of CPU in 1 s of pause";
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 64u);
 }
 
 TEST_F(DirectSend, ACompletionCarriesWhatAFrameWouldHave) {
