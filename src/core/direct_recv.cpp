@@ -7,9 +7,7 @@
 // queue and answers with RNR NAKs and errors as ever.
 #include <infiniband/verbs.h>
 
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "core/cq.h"
 #include "core/hca.h"
@@ -280,31 +278,29 @@ int Qp::TryCollectDirectRecvsInto(ibv_wc* out, int room) {
 // batch end of the progress thread (ib_send_lat: all sixteen biases spent within a second), mostly
 // for nothing: that thread collects the message itself, a fraction of a microsecond after it is
 // done. So the lock is taken when the CQ is armed (its thread may sleep until the event a
-// collection raises), or when the next slot is done and stays so, uncollected, after a grace
-// period (the caller took the peers' count first: a slot done after this look counts again). The
-// grace ends in a short sleep: this thread runs at real-time priority, and where it shares the
-// polling thread's core, that thread collects only once it has the core back. A polling thread
-// that collects meanwhile keeps the rest: it is at work. The first form never took the lock while
-// not armed and kept the count pending: the progress thread never slept, and took the core from
-// the application for good (ib_send_lat -a hung on two cores).
-void Qp::CollectDirectRecvsKeepingBias() {
+// collection raises), or when the next slot has stayed done, uncollected, for kOwnerGraceNs since
+// a collection first found it so; until then it is left (false), and the HCA comes back when the
+// grace ends (Hca::OnTimers), sleeping meanwhile. Neither spinning nor sleeping here: the progress
+// thread runs at real-time priority and may hold the polling thread's core, and its rounds serve
+// other QPs' frames. The caller took the peers' count first: a slot done after this look counts
+// again. The first form never took the lock while not armed and kept the count pending: the
+// progress thread never slept, and took the core from the application (ib_send_lat -a hung).
+bool Qp::CollectDirectRecvsKeepingBias() {
   if (link::BiasedElsewhere(mu_) && !(recv_cq_ && recv_cq_->Armed())) {
     const uint64_t watch = next_direct_watch_.load(std::memory_order_relaxed);
-    auto owner_collected = [&] {
-      return !dr::WatchSeesDone(watch) ||
-             next_direct_watch_.load(std::memory_order_relaxed) != watch;
-    };
     if (watch != 0) {
-      for (int i = 0; i < kOwnerGracePauses; ++i) {
-        if (owner_collected()) return;
-        link::SpinPause();
+      if (!dr::WatchSeesDone(watch)) return true;  // nothing to collect
+      const int64_t now = link::NowNs();
+      if (left_watch_.load(std::memory_order_relaxed) != watch) {
+        left_watch_.store(watch, std::memory_order_relaxed);
+        left_since_ns_.store(now, std::memory_order_relaxed);
+        return false;
       }
-      if (owner_collected()) return;
-      std::this_thread::sleep_for(std::chrono::nanoseconds(kOwnerGraceSleepNs));
-      if (owner_collected()) return;
+      if (now - left_since_ns_.load(std::memory_order_relaxed) < kOwnerGraceNs) return false;
     }
   }
   CollectDirectRecvs();
+  return true;
 }
 
 bool Qp::TryCollectDirectRecvs() {

@@ -440,8 +440,18 @@ bool Hca::CollectDirectRecvsSlow(bool count, bool wait) {
     std::lock_guard g(direct_mu_);
     qps = direct_qps_;
   }
-  for (auto& qp : qps) qp->CollectDirectRecvsKeepingBias();
+  bool left = false;
+  for (auto& qp : qps) left = !qp->CollectDirectRecvsKeepingBias() || left;
   qps.clear();
+  if (left) {
+    // Looked at again once the grace ends (OnTimers); the earliest recheck stands.
+    const int64_t at = link::NowNs() + Qp::kOwnerGraceNs;
+    int64_t none = 0;
+    if (direct_recheck_at_.compare_exchange_strong(none, at, std::memory_order_relaxed)) {
+      NoteTimerDue(at);
+      if (endpoint_ && !endpoint_->OnProgressThread()) endpoint_->Wake();
+    }
+  }
   return true;
 }
 
@@ -465,6 +475,10 @@ void Hca::OnBatchEnd() {
 }
 
 int64_t Hca::OnTimers(int64_t now) {
+  if (const int64_t at = direct_recheck_at_.load(std::memory_order_relaxed); at != 0 && now >= at) {
+    direct_recheck_at_.store(0, std::memory_order_relaxed);
+    CollectDirectRecvsSlow(false, true);  // what its polling thread left since is taken now
+  }
   if (now < timers_due_.load(std::memory_order_acquire))
     return timers_next_.load(std::memory_order_relaxed);
   // Reset before the pass: a deadline noted from here on survives it, and one noted before was

@@ -164,8 +164,11 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void OnChannelClosed(link::Channel& ch) override;
   void OnChannelRoom(link::Channel& ch) override;
   void OnBatchEnd() override;
+  // A slot left to the thread that polls its QP (Qp::CollectDirectRecvsKeepingBias) is no work
+  // until the recheck: the progress thread sleeps until then.
   bool DirectWorkPending() override {
-    return DirectRecvsReady() || link::SharedWindows::Get().RecvsPending();
+    return (DirectRecvsReady() && direct_recheck_at_.load(std::memory_order_relaxed) == 0) ||
+           link::SharedWindows::Get().RecvsPending();
   }
   int64_t OnTimers(int64_t now_ns) override;
 
@@ -226,6 +229,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   std::vector<std::shared_ptr<Qp>> direct_qps_;
   std::atomic<uint64_t> watched_[kWatchedRecvQueues] = {};
   std::atomic<int> unwatched_{0};
+  // When slots left to their polling threads are looked at again (CLOCK_MONOTONIC ns); 0: none.
+  std::atomic<int64_t> direct_recheck_at_{0};
   std::atomic<bool> refill_due_{false};
   std::atomic<int> staging_qps_{0};
 };

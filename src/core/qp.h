@@ -150,8 +150,12 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // Turns the SENDs a same-host peer placed in this QP's receive buffers into completions.
   void CollectDirectRecvs();
   // The progress thread's collection: where an application thread holds the lock's bias, only
-  // when the receive CQ is armed or the next slot stays done a while (see the .cpp).
-  void CollectDirectRecvsKeepingBias();
+  // when the receive CQ is armed or the next slot stayed done for kOwnerGraceNs (see the .cpp);
+  // false when it left a done slot to that thread for now.
+  bool CollectDirectRecvsKeepingBias();
+  // How long a done slot is left to the thread the QP's lock is biased to: a polling thread takes
+  // it within a microsecond, or once it has its core back from the progress thread.
+  static constexpr int64_t kOwnerGraceNs = 50'000;
   bool TryCollectDirectRecvs();  // false: the QP is busy, nothing was collected
   // Into the caller's array (Cq::PollDirectFeeds): how many; 0 also when the QP is busy.
   int TryCollectDirectRecvsInto(ibv_wc* out, int room);
@@ -427,11 +431,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int direct_feed_ = -1;     // its entry in recv_cq_'s direct feeds, if it has one
   // What WatchNextLocked watches, for a look without the lock (CollectDirectRecvsKeepingBias).
   std::atomic<uint64_t> next_direct_watch_{0};
-  // How long a done slot is left to the thread the QP's lock is biased to before the progress
-  // thread revokes the bias to collect it: a polling thread takes it within a microsecond, or once
-  // it has its core back from the progress thread.
-  static constexpr int kOwnerGracePauses = 64;
-  static constexpr int64_t kOwnerGraceSleepNs = 30'000;
+  // The done slot CollectDirectRecvsKeepingBias last left to the polling thread, and since when.
+  std::atomic<uint64_t> left_watch_{0};
+  std::atomic<int64_t> left_since_ns_{0};
   uint32_t direct_posted_ = 0, direct_collected_ = 0;
   static constexpr int64_t kDatagramWaitNs = 5'000'000;
   int64_t datagram_wait_since_ = 0;  // non-zero: a datagram waits (or waited) for a WQE

@@ -59,6 +59,7 @@ struct ShmSnapshot {
   std::vector<std::shared_ptr<ShmChannel>> channels;
 };
 thread_local ShmSnapshot t_shm_snapshot;  // general TLS model: see t_poll_target in core/cq.cpp
+thread_local const Endpoint::Impl* t_progress_loop = nullptr;  // the Loop this thread runs
 
 // epoll_pwait2 (Linux 5.11) waits with a timeout in nanoseconds. Older kernels answer ENOSYS, and
 // container seccomp profiles older than the call EPERM (it has no EPERM of its own): then the
@@ -991,6 +992,7 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
 }
 
 void Endpoint::Impl::Loop() {
+  t_progress_loop = this;
   // The thread sleeps in epoll and runs only to move frames. When the process may (root or
   // CAP_SYS_NICE) it runs at the lowest real-time priority: an application busy-polling memory
   // (ib_write_lat) would otherwise keep its core for a whole time slice while the frame it waits
@@ -1397,6 +1399,10 @@ std::shared_ptr<Channel> Endpoint::ConnectShm(uint16_t port) {
 
 void Endpoint::Wake() {
   impl_->Wake();
+}
+
+bool Endpoint::OnProgressThread() const {
+  return t_progress_loop == impl_.get();
 }
 
 void Endpoint::SecureQueuedPayloads() {

@@ -61,6 +61,9 @@ class Endpoint {
   bool WaitTxIdle(int64_t max_ns);
   // Makes the progress thread re-evaluate its timers now.
   void Wake();
+  // Whether the caller is this endpoint's progress thread, whose rounds end by setting the timers
+  // (a deadline another thread notes needs Wake to count).
+  bool OnProgressThread() const;
   // Stops the thread without touching sockets: for a fork()ed child that must not act on the
   // parent's connections.
   void Abandon();

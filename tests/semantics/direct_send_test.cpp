@@ -264,6 +264,35 @@ TEST_F(DirectSendAfterALongPoll, AMessageWhileThePollingThreadPausesIsCollectedA
   EXPECT_EQ(wc.byte_len, 64u);
 }
 
+// Such a message completes when it arrives, not when the thread polls again: the HCA collects a
+// slot its polling thread leaves for longer than a grace period (Qp::kOwnerGraceNs, 50 us). Read
+// by the completion's wall-clock stamp, taken when a completion enters the CQ.
+TEST_F(DirectSendAfterALongPoll, AMessageWhileThePollingThreadPausesCompletesWhenItArrives) {
+  ibv_cq_ex* cqx =
+      v.NewCqEx(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+  ASSERT_NE(cqx, nullptr) << strerror(errno);
+  QpOpts o;
+  o.recv_cq = ibv_cq_ex_to_cq(cqx);
+  ASSERT_NO_FATAL_FAILURE(PollAStream(o));
+  // Past the thread's poll lease (at most a millisecond): the HCA sleeps when the message comes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  timespec sent{};
+  clock_gettime(CLOCK_REALTIME, &sent);
+  ASSERT_EQ(Send(64), IBV_WC_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ibv_poll_cq_attr pa{};
+  ASSERT_EQ(ibv_start_poll(cqx, &pa), 0);
+  EXPECT_EQ(cqx->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_wc_read_byte_len(cqx), 64u);
+  const int64_t completed = static_cast<int64_t>(ibv_wc_read_completion_wallclock_ns(cqx));
+  ibv_end_poll(cqx);
+  const int64_t after_send_ms =
+      (completed - (sent.tv_sec * 1000000000L + sent.tv_nsec)) / 1000000;
+  // Collected at the poll, a second after it came, it would say ~1,000 ms.
+  EXPECT_LT(after_send_ms, 500) << "the completion entered the CQ " << after_send_ms
+                                << " ms after the send, at the application's poll";
+}
+
 TEST_F(DirectSend, ACompletionCarriesWhatAFrameWouldHave) {
   Connect();
   ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(100, 4096)}, 41), 0);
