@@ -286,8 +286,7 @@ TEST_F(DirectSendAfterALongPoll, AMessageWhileThePollingThreadPausesCompletesWhe
   EXPECT_EQ(ibv_wc_read_byte_len(cqx), 64u);
   const int64_t completed = static_cast<int64_t>(ibv_wc_read_completion_wallclock_ns(cqx));
   ibv_end_poll(cqx);
-  const int64_t after_send_ms =
-      (completed - (sent.tv_sec * 1000000000L + sent.tv_nsec)) / 1000000;
+  const int64_t after_send_ms = (completed - (sent.tv_sec * 1000000000L + sent.tv_nsec)) / 1000000;
   // Collected at the poll, a second after it came, it would say ~1,000 ms.
   EXPECT_LT(after_send_ms, 500) << "the completion entered the CQ " << after_send_ms
                                 << " ms after the send, at the application's poll";
