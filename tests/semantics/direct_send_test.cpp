@@ -190,8 +190,8 @@ class DirectSend : public VerbsTest {
 };
 
 // Once a thread has polled thousands of messages (each collected by its polls and its receive
-// reposted), the QP's and the CQ's locks are biased to it where this kernel allows; the progress
-// thread then collects only a slot that is done, or for an armed CQ
+// reposted), the QP's and the CQ's locks are biased to it where this kernel allows; the HCA then
+// collects a slot that thread leaves done for a grace period, or at once for an armed CQ
 // (Qp::CollectDirectRecvsKeepingBias).
 class DirectSendAfterALongPoll : public DirectSend {
  protected:
