@@ -36,7 +36,7 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
     // Only while nothing is queued (it would come first) and nobody waits for an event. The
     // thread-local is read last: it costs a library call, which most pushes (a send completion
     // made by ibv_post_send) need not pay.
-    if (count_ == 0 && armed_ == kDisarmed && !timestamps_ &&
+    if (count_ == 0 && ArmedLocked() == kDisarmed && !timestamps_ &&
         progressing_.load(std::memory_order_relaxed)) {
       if (PollTarget* t = t_poll_target; t && t->cq == this && t->got < t->room) {
         t->out[t->got++] = wc;
@@ -62,7 +62,8 @@ bool Cq::Push(const ibv_wc& wc, bool solicited) {
       }
       ++count_;
       queued_.store(count_, std::memory_order_release);
-      if (armed_ == kNext || (armed_ == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
+      const ArmState armed = ArmedLocked();
+      if (armed == kNext || (armed == kSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
         SetArmedLocked(kDisarmed);
         notify = channel_ != nullptr;
         if (notify) {
@@ -188,7 +189,7 @@ bool Cq::DirectFeedReady() const {
 // lock nothing else completes its receives, so nothing of that QP can be in the ring meanwhile.
 int Cq::PollDirectFeeds(int n, ibv_wc* out) {
   std::lock_guard g(mu_);
-  if (count_ != 0 || armed_ != kDisarmed || timestamps_ || overflowed_) return 0;
+  if (count_ != 0 || ArmedLocked() != kDisarmed || timestamps_ || overflowed_) return 0;
   int got = 0;
   const int end = feed_end_.load(std::memory_order_relaxed);
   for (int i = 0; i < end && got < n; ++i)
@@ -202,7 +203,7 @@ int Cq::Arm(bool solicited_only) {
     // A later "any completion" request widens an earlier solicited-only one, never the reverse.
     if (!solicited_only)
       SetArmedLocked(kNext);
-    else if (armed_ == kDisarmed)
+    else if (ArmedLocked() == kDisarmed)
       SetArmedLocked(kSolicited);
   }
   ctx_.hca().PollerMaySleep();

@@ -46,7 +46,7 @@ class Cq {
   // ibv_req_notify_cq: the next completion (or next solicited/error one) raises one event.
   int Arm(bool solicited_only);
   // Whether ibv_req_notify_cq asked for an event that has not come yet (read without the lock).
-  bool Armed() const { return armed_seen_.load(std::memory_order_relaxed); }
+  bool Armed() const { return armed_.load(std::memory_order_relaxed) != kDisarmed; }
   int Resize(uint32_t depth);  // EINVAL when fewer slots than queued completions
   uint32_t depth() const { return static_cast<uint32_t>(ring_.size() - 1); }
   void* user_handle() const { return user_handle_; }
@@ -96,12 +96,11 @@ class Cq {
   void DropAnnouncedLocked() {
     while (!announced_.empty() && announced_.front() < taken_) announced_.pop_front();
   }
-  enum Arm : uint8_t { kDisarmed, kNext, kSolicited } armed_ = kDisarmed;
-  std::atomic<bool> armed_seen_{false};  // armed_ != kDisarmed, for Armed() without the lock
-  void SetArmedLocked(decltype(armed_) a) {
-    armed_ = a;
-    armed_seen_.store(a != kDisarmed, std::memory_order_relaxed);
-  }
+  enum ArmState : uint8_t { kDisarmed, kNext, kSolicited };
+  // Written under mu_; an atomic so that Armed() reads it without the lock.
+  std::atomic<ArmState> armed_{kDisarmed};
+  ArmState ArmedLocked() const { return armed_.load(std::memory_order_relaxed); }
+  void SetArmedLocked(ArmState a) { armed_.store(a, std::memory_order_relaxed); }
   bool overflowed_ = false;
   uint32_t events_reported_ = 0;
   struct DirectFeed {

@@ -144,6 +144,13 @@ class DirectSend : public VerbsTest {
     ASSERT_EQ(BringUp(q->qp, o, theirs), 0);
     peer_qpn = theirs.qpn;
   }
+  // Options whose receive CQ (of `depth`) reports to a new completion channel, `*ch`.
+  void EventCqOpts(int depth, QpOpts* o, ibv_comp_channel** ch) {
+    *ch = v.NewChannel();
+    ASSERT_NE(*ch, nullptr);
+    o->recv_cq = v.NewCq(depth, *ch);
+    ASSERT_NE(o->recv_cq, nullptr);
+  }
   // Has the child send one message; returns its send completion's status (-1: none came).
   int Send(uint32_t len, uint32_t imm = 0, bool solicited = false, bool inline_data = false) {
     Order ord{len, imm, static_cast<uint8_t>(solicited), static_cast<uint8_t>(inline_data)};
@@ -216,11 +223,9 @@ class DirectSendAfterALongPoll : public DirectSend {
 // Once the thread arms the CQ and blocks, the progress thread must collect what comes, bias or
 // not, and raise the event.
 TEST_F(DirectSendAfterALongPoll, AThreadThatThenBlocksGetsItsEvent) {
-  ibv_comp_channel* ch = v.NewChannel();
-  ASSERT_NE(ch, nullptr);
+  ibv_comp_channel* ch = nullptr;
   QpOpts o;
-  o.recv_cq = v.NewCq(512, ch);
-  ASSERT_NE(o.recv_cq, nullptr);
+  ASSERT_NO_FATAL_FAILURE(EventCqOpts(512, &o, &ch));
   ASSERT_NO_FATAL_FAILURE(PollAStream(o));
   ASSERT_EQ(ibv_req_notify_cq(q->rcq, 0), 0);
   ibv_wc wc{};
@@ -723,11 +728,9 @@ TEST_F(DirectSend, ASendWithoutAReceiveWaitsForOne) {
 
 // A process blocked on its completion channel is woken by a SEND placed directly.
 TEST_F(DirectSend, AReceiverBlockedOnItsChannelIsWoken) {
-  ibv_comp_channel* ch = v.NewChannel();
-  ASSERT_NE(ch, nullptr);
+  ibv_comp_channel* ch = nullptr;
   QpOpts o;
-  o.recv_cq = v.NewCq(64, ch);
-  ASSERT_NE(o.recv_cq, nullptr);
+  ASSERT_NO_FATAL_FAILURE(EventCqOpts(64, &o, &ch));
   Connect(o);
   for (int round = 0; round < 20; ++round) {
     ASSERT_EQ(PostRecvSges(q->qp, {region.Sge(0, 64)}, round), 0);
