@@ -85,11 +85,17 @@ inline int EpollWait(int epfd, epoll_event* events, int max, int timeout_ms) {
       syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, nullptr, size_t{_NSIG / 8}));
 }
 
-// poll(2) with a zero timeout: it registers on no wait queue, and takes no socket lock.
+// poll(2) with a zero timeout: it registers on no wait queue, and takes no socket lock. poll
+// itself where the architecture has it: ppoll copies in a timeout and a signal mask first (an empty
+// look at a TCP socket 222 ns against 262 on x86-64; a leased poller makes several per message).
 inline int PollNow(pollfd* fds, nfds_t n) {
   if constexpr (!kPlain) return ::poll(fds, n, 0);
+#ifdef SYS_poll
+  return static_cast<int>(syscall(SYS_poll, fds, n, 0));
+#else
   static const timespec kNow{0, 0};
   return static_cast<int>(syscall(SYS_ppoll, fds, n, &kNow, nullptr, size_t{_NSIG / 8}));
+#endif
 }
 
 }  // namespace softrdma::sys
