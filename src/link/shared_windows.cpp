@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "link/frame_codec.h"
+#include "link/global_barrier.h"
 #include "link/shared_memory.h"
 
 namespace softrdma::link {
@@ -114,8 +115,13 @@ void SharedWindows::Withdraw(uint32_t key) {
     if (k != key) continue;
     e.key.store(kWindowTombstone, std::memory_order_seq_cst);
     WaitUntilUnused(e.users);
-    // A sender placing a SEND counts itself nowhere: it took a WQE after its checks.
-    for (DirectRecvQueue* q : claimed_) SealRecvQueue(q);
+    // A sender placing a SEND counts itself nowhere: it took a WQE after its checks. One barrier
+    // for every queue.
+    StopFastTakes(claimed_.data(), claimed_.size());
+    for (DirectRecvQueue* q : claimed_) {
+      SealStoppedRecvQueue(q);
+      AllowFastTakes(q);
+    }
     return;
   }
 }
@@ -140,8 +146,10 @@ DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
   // No sender can be inside: the endpoint did not grant kRecvRight since the block was released.
   // A new seal all the same: a sender that read `taken` before then must not take at count 0.
   for (DirectRecvSlot& s : q.slots) s.state.store(0, std::memory_order_relaxed);
+  q.sender_inside.store(0, std::memory_order_relaxed);
   const uint64_t t = q.taken.load(std::memory_order_relaxed);
   q.taken.store(direct_recv::WithCount(t + direct_recv::kSealStep, 0), std::memory_order_release);
+  AllowFastTakes(&q);
   if (free == 0) claimed_.push_back(&q);
   return &q;
 }
@@ -153,7 +161,28 @@ void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
   q->owner.store(0, std::memory_order_release);
 }
 
+void SharedWindows::StopFastTakes(DirectRecvQueue* const* qs, size_t n) {
+  bool any = false;
+  for (size_t i = 0; i < n; ++i)
+    any = qs[i]->fast_takes.exchange(0, std::memory_order_seq_cst) != 0 || any;
+  if (!any) return;  // none allowed: no sender takes fast (it reads the flag once inside)
+  // Where the kernel refuses (it did not when fast takes were allowed), the wait below still
+  // covers every sender whose mark is seen.
+  GlobalBarrier();
+  for (size_t i = 0; i < n; ++i)
+    WaitWhile([q = qs[i]] { return q->sender_inside.load(std::memory_order_seq_cst) != 0; });
+}
+
+void SharedWindows::AllowFastTakes(DirectRecvQueue* q) {
+  if (GlobalBarrierReady()) q->fast_takes.store(1, std::memory_order_release);
+}
+
 void SharedWindows::SealRecvQueue(DirectRecvQueue* q) {
+  StopFastTakes(&q, 1);
+  SealStoppedRecvQueue(q);
+}
+
+void SharedWindows::SealStoppedRecvQueue(DirectRecvQueue* q) {
   namespace dr = direct_recv;
   const uint32_t count =
       dr::TakenCount(q->taken.fetch_add(dr::kSealStep, std::memory_order_seq_cst));
@@ -213,16 +242,27 @@ PeerWindows::~PeerWindows() {
   close(arena_fd_);
 }
 
-DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken) {
+DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken, bool* fast) {
   const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
   DirectRecvQueue& q = table_->recvs[endpoint % kEndpointSlots];
+  *fast = false;
+  if (GlobalBarrierReady()) {
+    // Inside first, then every load: the owner's global barrier orders them (DirectRecvQueue).
+    q.sender_inside.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    *fast = q.fast_takes.load(std::memory_order_acquire) != 0;
+    if (!*fast) LeaveRecvQueue(&q);
+  }
   // `taken` first, then the checks: an owner that revoked and sealed either fails our take or
   // is seen revoked.
   *taken = q.taken.load(std::memory_order_seq_cst);
   if (!(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
       ep.id.load(std::memory_order_seq_cst) != endpoint ||
-      q.owner.load(std::memory_order_seq_cst) != endpoint)
+      q.owner.load(std::memory_order_seq_cst) != endpoint) {
+    if (*fast) LeaveRecvQueue(&q);
+    *fast = false;
     return nullptr;
+  }
   return &q;
 }
 
