@@ -15,9 +15,9 @@
 #include "core/mr.h"
 #include "core/qp.h"
 #include "core/recv_staging.h"
+#include "link/global_barrier.h"
 #include "link/place.h"
 #include "link/placement_guard.h"
-#include "link/global_barrier.h"
 #include "link/shared_windows.h"
 #include "link/spin_pause.h"
 

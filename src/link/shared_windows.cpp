@@ -245,21 +245,25 @@ PeerWindows::~PeerWindows() {
 DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken, bool* fast) {
   const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
   DirectRecvQueue& q = table_->recvs[endpoint % kEndpointSlots];
+  // The mark is the block's sender's (one per block: its QP's RC peer). A sender of another
+  // endpoint whose number picks the same block does not mark it, and one that finds the block
+  // given to another endpoint after marking leaves the mark alone: clearing it could hide that
+  // endpoint's sender from its owner (a stale mark costs a stop one bounded wait at most).
+  const auto ours = [&] { return q.owner.load(std::memory_order_seq_cst) == endpoint; };
   *fast = false;
-  if (GlobalBarrierReady()) {
+  if (GlobalBarrierReady() && ours()) {
     // Inside first, then every load: the owner's global barrier orders them (DirectRecvQueue).
     q.sender_inside.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     *fast = q.fast_takes.load(std::memory_order_acquire) != 0;
-    if (!*fast) LeaveRecvQueue(&q);
+    if (!*fast && ours()) LeaveRecvQueue(&q);
   }
   // `taken` first, then the checks: an owner that revoked and sealed either fails our take or
   // is seen revoked.
   *taken = q.taken.load(std::memory_order_seq_cst);
   if (!(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
-      ep.id.load(std::memory_order_seq_cst) != endpoint ||
-      q.owner.load(std::memory_order_seq_cst) != endpoint) {
-    if (*fast) LeaveRecvQueue(&q);
+      ep.id.load(std::memory_order_seq_cst) != endpoint || !ours()) {
+    if (*fast && ours()) LeaveRecvQueue(&q);
     *fast = false;
     return nullptr;
   }

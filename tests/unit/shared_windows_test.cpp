@@ -199,6 +199,28 @@ TEST(SharedWindows, ASenderTakesFastOnlyWhileTheOwnerAllowsIt) {
   EXPECT_EQ(q->sender_inside.load(), 0u);
 }
 
+// A sender of another endpoint whose number picks the same block (a QP the block was refused to)
+// is refused without touching the mark of the block's own sender, which is inside a fast take: its
+// owner must still see that sender and wait for it.
+TEST(SharedWindows, ASenderOfAnotherEndpointLeavesTheFastSendersMarkAlone) {
+  if (!GlobalBarrierUp()) GTEST_SKIP() << "membarrier global expedited refused here";
+  Fixture f;
+  ASSERT_NE(f.own_queue, nullptr);
+  ASSERT_NE(f.peer, nullptr);
+  SharedWindows::AllowFastTakes(f.own_queue);
+  uint64_t taken = 0;
+  bool fast = false;
+  DirectRecvQueue* q = f.peer->OpenRecvQueue(kEndpoint, &taken, &fast);
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(fast);
+  uint64_t other_taken = 0;
+  bool other_fast = true;
+  EXPECT_EQ(f.peer->OpenRecvQueue(kEndpoint + kEndpointSlots, &other_taken, &other_fast), nullptr);
+  EXPECT_FALSE(other_fast);
+  EXPECT_EQ(q->sender_inside.load(), 1u) << "another endpoint's sender cleared the mark";
+  PeerWindows::LeaveRecvQueue(q);
+}
+
 TEST(SharedWindows, APieceIsReachedOnlyThroughAnEndpointGrantingTheRightAndInsideTheWindow) {
   Fixture f;
   ASSERT_NE(f.peer, nullptr);
