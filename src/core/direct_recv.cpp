@@ -15,7 +15,6 @@
 #include "core/mr.h"
 #include "core/qp.h"
 #include "core/recv_staging.h"
-#include "link/global_barrier.h"
 #include "link/place.h"
 #include "link/placement_guard.h"
 #include "link/shared_windows.h"
@@ -45,19 +44,6 @@ void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
   for (; n > 0; --n) *to++ = *from++;
 }
 
-// A sender's pass through the peer's receive queue, from OpenRecvQueue until its slot is done or
-// it gave up: a fast take leaves the queue then.
-struct RecvQueuePass {
-  RecvQueuePass(DirectRecvQueue* queue, bool fast_take) : q(queue), fast(fast_take) {}
-  RecvQueuePass(const RecvQueuePass&) = delete;
-  RecvQueuePass& operator=(const RecvQueuePass&) = delete;
-  ~RecvQueuePass() {
-    if (fast) link::PeerWindows::LeaveRecvQueue(q);
-  }
-  DirectRecvQueue* const q;
-  const bool fast;
-};
-
 }  // namespace
 
 // Owner side. Every function here runs under the QP's lock.
@@ -72,7 +58,6 @@ void Qp::OpenDirectRecvLocked() {
     return;
   }
   direct_rq_ = q;
-  direct_fast_takes_ = link::GlobalBarrierReady();  // ClaimRecvQueue allowed them then
   direct_posted_ = direct_collected_ = 0;
   direct_watch_ = hca_.AddDirectRecv(shared_from_this(), &SlotOf(q, 0).state, 0);
   next_direct_watch_.store(dr::Watch(&SlotOf(q, 0).state, 0), std::memory_order_relaxed);
@@ -86,10 +71,6 @@ void Qp::OpenDirectRecvLocked() {
 // at most kDirectRecvSges pieces, each in a region that is shared and writable locally.
 void Qp::RefillDirectRecvMoreLocked(bool idle) {
   DirectRecvQueue* q = DirectRqLocked();
-  if (q && !direct_fast_takes_ && link::GlobalBarrierReady()) {
-    link::SharedWindows::AllowFastTakes(q);
-    direct_fast_takes_ = true;
-  }
   const uint32_t published = direct_posted_ - direct_collected_;
   if (q && published > kDirectRecvSlots / 2) return;
   const uint32_t queued = rq_->size();
@@ -333,15 +314,10 @@ bool Qp::TryCollectDirectRecvs() {
 // them: by compare-and-swap of the count, as the peer takes them (a seal raised meanwhile is kept),
 // and marks their slots taken back (a seal waits for taken slots that are not).
 bool Qp::TakePublishedLocked(DirectRecvQueue* q, uint32_t to) {
-  link::SharedWindows::StopFastTakes(&q, 1);  // then `taken` is the compare-and-swap's alone
   uint64_t t = q->taken.load(std::memory_order_acquire);
   do {
-    if (dr::TakenCount(t) != direct_collected_) {
-      link::SharedWindows::AllowFastTakes(q);
-      return false;  // the peer is placing one
-    }
+    if (dr::TakenCount(t) != direct_collected_) return false;  // the peer is placing one
   } while (!q->taken.compare_exchange_weak(t, dr::WithCount(t, to), std::memory_order_acq_rel));
-  link::SharedWindows::AllowFastTakes(q);
   for (; direct_collected_ != to; ++direct_collected_)
     SlotOf(q, direct_collected_)
         .state.store(dr::State(dr::kTakenBack, direct_collected_), std::memory_order_release);
@@ -462,10 +438,8 @@ bool Qp::TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uin
                                   const uint32_t* lens, uint32_t n) {
   const uint32_t dqpn = attr_.dest_qp_num;
   uint64_t taken;
-  bool fast;
-  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken, &fast);
+  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken);
   if (!q) return false;
-  const RecvQueuePass pass{q, fast};
   const uint32_t t = dr::TakenCount(taken);
   DirectRecvSlot& s = SlotOf(q, t);
   if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
@@ -473,7 +447,7 @@ bool Qp::TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uin
   const link::DirectRecvSge first = s.sge[0];
   if (nsge - 1 >= link::kDirectRecvSges || first.len < w.length ||
       !peer->Reach(first.key, dqpn, first.addr, w.length, link::kRecvRight, &recv_window_memo_) ||
-      !TakeWqeLocked(q, taken, fast))
+      !TakeWqeLocked(q, taken))
     return false;
   auto* into = reinterpret_cast<uint8_t*>(s.sge);  // the owner no longer reads it: it is taken
   for (uint32_t i = 0; i < n; into += lens[i], ++i) CopyBytes(into, local[i], lens[i]);
@@ -481,13 +455,8 @@ bool Qp::TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uin
   return true;
 }
 
-// Takes WQE TakenCount(taken) of `q`, unless another taker came first; `fast`: inside a fast take,
-// where no other taker can come (DirectRecvQueue).
-bool Qp::TakeWqeLocked(DirectRecvQueue* q, uint64_t taken, bool fast) {
-  if (fast) {
-    q->taken.store(dr::WithCount(taken, dr::TakenCount(taken) + 1), std::memory_order_relaxed);
-    return true;
-  }
+// Takes WQE TakenCount(taken) of `q`, unless another taker came first.
+bool Qp::TakeWqeLocked(DirectRecvQueue* q, uint64_t taken) {
   uint64_t expected = taken;
   return q->taken.compare_exchange_strong(expected, dr::WithCount(taken, dr::TakenCount(taken) + 1),
                                           std::memory_order_acq_rel);
@@ -521,10 +490,8 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
   // windows its checks passed: a withdrawal seals the queue, then waits for taken WQEs to be done
   // (SharedWindows::Withdraw).
   uint64_t taken;
-  bool fast;
-  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken, &fast);
+  DirectRecvQueue* q = peer->OpenRecvQueue(dqpn, &taken);
   if (!q) return false;
-  const RecvQueuePass pass{q, fast};
   // Whether the WQE is published is the slot's to say (its state names the WQE's count).
   const uint32_t t = dr::TakenCount(taken);
   DirectRecvSlot& s = SlotOf(q, t);
@@ -573,7 +540,7 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     // but the owner copies it there (CollectFromLocked).
     in_slot = w.length <= dr::kInSlotBytes;
   }
-  if (!TakeWqeLocked(q, taken, fast)) return false;
+  if (!TakeWqeLocked(q, taken)) return false;
 
   // Scatter the payload (inline, or gathered from the local pieces) into the peer's buffers.
   uint32_t di = 0, doff = 0;

@@ -14,7 +14,6 @@
 #include "core/run_directory.h"
 #include "core/xrc_relay.h"
 #include "link/biased_mutex.h"
-#include "link/global_barrier.h"
 #include "link/sanitizers.h"
 #include "link/shared_memory.h"
 #include "link/shared_windows.h"
@@ -35,8 +34,7 @@ std::shared_ptr<Hca> Hca::Get(std::string* err) {
   if (g_instance) return *g_instance;
   std::shared_ptr<Hca> hca(new Hca());
   if (!hca->Start(err)) return nullptr;
-  link::PrepareBiasInBackground();           // QPs' and CQs' locks (link/biased_mutex.h)
-  link::PrepareGlobalBarrierInBackground();  // fast takes of receive WQEs (link/shared_windows.h)
+  link::PrepareBiasInBackground();  // QPs' and CQs' locks (link/biased_mutex.h)
   // Never destroyed: the progress thread may still run while the process exits.
   g_instance = new std::shared_ptr<Hca>(hca);
   static bool registered = false;

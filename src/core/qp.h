@@ -227,7 +227,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
                            const uint32_t* lens, uint32_t n);
   bool TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uint8_t* const* local,
                                 const uint32_t* lens, uint32_t n);
-  bool TakeWqeLocked(link::DirectRecvQueue* q, uint64_t taken, bool fast);
+  bool TakeWqeLocked(link::DirectRecvQueue* q, uint64_t taken);
   void MarkSlotDoneLocked(const SendWqe& w, link::PeerWindows* peer, link::DirectRecvQueue* q,
                           uint32_t t, uint32_t flags);
   // Inline, as the refill's common answer and ResumeWaitingLocked's: each direct message passes
@@ -405,9 +405,6 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
   link::DirectRecvQueue* direct_rq_ = nullptr;
   bool direct_rq_refused_ = false;
-  // Whether this process took part in the global barrier when it last allowed the sender fast
-  // takes (link/shared_windows.h): its registration may finish after the queue opened.
-  bool direct_fast_takes_ = false;
   // Published WQEs whose buffers peers cannot reach name a slot of staging_ (recv_staging.h);
   // staged_ has a bit per slot so published. staging_ is made once kStagingDemand refills wanted
   // it (StagingLocked); refused: it could not be.

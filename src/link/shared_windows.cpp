@@ -9,7 +9,6 @@
 #include <chrono>
 
 #include "link/frame_codec.h"
-#include "link/global_barrier.h"
 #include "link/shared_memory.h"
 
 namespace softrdma::link {
@@ -115,13 +114,8 @@ void SharedWindows::Withdraw(uint32_t key) {
     if (k != key) continue;
     e.key.store(kWindowTombstone, std::memory_order_seq_cst);
     WaitUntilUnused(e.users);
-    // A sender placing a SEND counts itself nowhere: it took a WQE after its checks. One barrier
-    // for every queue.
-    StopFastTakes(claimed_.data(), claimed_.size());
-    for (DirectRecvQueue* q : claimed_) {
-      SealStoppedRecvQueue(q);
-      AllowFastTakes(q);
-    }
+    // A sender placing a SEND counts itself nowhere: it took a WQE after its checks.
+    for (DirectRecvQueue* q : claimed_) SealRecvQueue(q);
     return;
   }
 }
@@ -146,10 +140,8 @@ DirectRecvQueue* SharedWindows::ClaimRecvQueue(uint32_t id) {
   // No sender can be inside: the endpoint did not grant kRecvRight since the block was released.
   // A new seal all the same: a sender that read `taken` before then must not take at count 0.
   for (DirectRecvSlot& s : q.slots) s.state.store(0, std::memory_order_relaxed);
-  q.sender_inside.store(0, std::memory_order_relaxed);
   const uint64_t t = q.taken.load(std::memory_order_relaxed);
   q.taken.store(direct_recv::WithCount(t + direct_recv::kSealStep, 0), std::memory_order_release);
-  AllowFastTakes(&q);
   if (free == 0) claimed_.push_back(&q);
   return &q;
 }
@@ -161,28 +153,7 @@ void SharedWindows::ReleaseRecvQueue(DirectRecvQueue* q) {
   q->owner.store(0, std::memory_order_release);
 }
 
-void SharedWindows::StopFastTakes(DirectRecvQueue* const* qs, size_t n) {
-  bool any = false;
-  for (size_t i = 0; i < n; ++i)
-    any = qs[i]->fast_takes.exchange(0, std::memory_order_seq_cst) != 0 || any;
-  if (!any) return;  // none allowed: no sender takes fast (it reads the flag once inside)
-  // Where the kernel refuses (it did not when fast takes were allowed), the wait below still
-  // covers every sender whose mark is seen.
-  GlobalBarrier();
-  for (size_t i = 0; i < n; ++i)
-    WaitWhile([q = qs[i]] { return q->sender_inside.load(std::memory_order_seq_cst) != 0; });
-}
-
-void SharedWindows::AllowFastTakes(DirectRecvQueue* q) {
-  if (GlobalBarrierReady()) q->fast_takes.store(1, std::memory_order_release);
-}
-
 void SharedWindows::SealRecvQueue(DirectRecvQueue* q) {
-  StopFastTakes(&q, 1);
-  SealStoppedRecvQueue(q);
-}
-
-void SharedWindows::SealStoppedRecvQueue(DirectRecvQueue* q) {
   namespace dr = direct_recv;
   const uint32_t count =
       dr::TakenCount(q->taken.fetch_add(dr::kSealStep, std::memory_order_seq_cst));
@@ -242,31 +213,16 @@ PeerWindows::~PeerWindows() {
   close(arena_fd_);
 }
 
-DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken, bool* fast) {
+DirectRecvQueue* PeerWindows::OpenRecvQueue(uint32_t endpoint, uint64_t* taken) {
   const EndpointEntry& ep = table_->endpoints[endpoint % kEndpointSlots];
   DirectRecvQueue& q = table_->recvs[endpoint % kEndpointSlots];
-  // The mark is the block's sender's (one per block: its QP's RC peer). A sender of another
-  // endpoint whose number picks the same block does not mark it, and one that finds the block
-  // given to another endpoint after marking leaves the mark alone: clearing it could hide that
-  // endpoint's sender from its owner (a stale mark costs a stop one bounded wait at most).
-  const auto ours = [&] { return q.owner.load(std::memory_order_seq_cst) == endpoint; };
-  *fast = false;
-  if (GlobalBarrierReady() && ours()) {
-    // Inside first, then every load: the owner's global barrier orders them (DirectRecvQueue).
-    q.sender_inside.store(1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    *fast = q.fast_takes.load(std::memory_order_acquire) != 0;
-    if (!*fast && ours()) LeaveRecvQueue(&q);
-  }
   // `taken` first, then the checks: an owner that revoked and sealed either fails our take or
   // is seen revoked.
   *taken = q.taken.load(std::memory_order_seq_cst);
   if (!(ep.rights.load(std::memory_order_seq_cst) & kRecvRight) ||
-      ep.id.load(std::memory_order_seq_cst) != endpoint || !ours()) {
-    if (*fast && ours()) LeaveRecvQueue(&q);
-    *fast = false;
+      ep.id.load(std::memory_order_seq_cst) != endpoint ||
+      q.owner.load(std::memory_order_seq_cst) != endpoint)
     return nullptr;
-  }
   return &q;
 }
 

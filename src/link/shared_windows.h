@@ -71,18 +71,6 @@ constexpr uint32_t kRecvRight = 1u << 30;
 // swap of a sender that checked before the revocation fails, and waits (bounded) until every WQE
 // taken before is done. A sender that read `taken` after the seal sees the revocation. So no
 // sender counts itself in or out: that was two locked instructions on every message's path.
-//
-// Fast takes: the compare-and-swap was the third, and it drains the store buffer in front of the
-// slot's state (ib_send_lat 2 B: median one way 0.095 -> 0.090 us in most runs). While the owner
-// allows it (`fast_takes`) and both processes take part in the global barrier
-// (link/global_barrier.h), a sender marks itself inside (`sender_inside`, a plain store), then
-// reads `fast_takes` and everything its checks read, and takes the WQE by a plain store of `taken`;
-// it leaves once the slot is done. The owner takes WQEs back or seals only after it stopped fast
-// takes (SharedWindows::StopFastTakes): it clears `fast_takes`, runs the global barrier and waits
-// (bounded) until no sender is inside. The barrier puts every running sender's store of
-// `sender_inside` before its loads, so a sender either is seen inside, and waited for, or sees
-// `fast_takes` cleared and takes by compare-and-swap, as above (or sees the revocation that came
-// before). The owner allows fast takes again afterwards.
 constexpr uint32_t kDirectRecvSlots = 8;
 // Published WQEs at or below which the owner refills at once, even where its application waits.
 constexpr uint32_t kDirectRecvLow = 2;
@@ -155,15 +143,11 @@ struct alignas(64) DirectRecvQueue {
   std::atomic<uint32_t> counted;
   // WQEs taken, by the sender or the owner (slot = count % slots), and the seal: see above.
   std::atomic<uint64_t> taken;
-  std::atomic<uint32_t> fast_takes;     // owner: 1 while the sender may take by a plain store
-  std::atomic<uint32_t> sender_inside;  // sender: 1 while it takes fast (see above)
-  char pad[40];
+  char pad[48];
   DirectRecvSlot slots[kDirectRecvSlots];
 };
 static_assert(sizeof(DirectRecvQueue) == 64 + 64 * kDirectRecvSlots);
 static_assert(offsetof(DirectRecvQueue, taken) == 8);
-static_assert(offsetof(DirectRecvQueue, fast_takes) == 16);
-static_assert(offsetof(DirectRecvQueue, sender_inside) == 20);
 static_assert(offsetof(DirectRecvQueue, slots) == 64);
 
 struct WindowTable {
@@ -203,16 +187,8 @@ class SharedWindows {
   void ReleaseRecvQueue(DirectRecvQueue* q);
   // Fails the take of every sender of `q` that checked its way in before a revocation the caller
   // made, then waits (bounded, as Withdraw) until every WQE taken before is done or was taken back
-  // by the owner (whose slots say so: direct_recv::kTakenBack). Stops fast takes first, and leaves
-  // them stopped.
+  // by the owner (whose slots say so: direct_recv::kTakenBack).
   static void SealRecvQueue(DirectRecvQueue* q);
-  // From now on the senders of `qs` take by compare-and-swap; returns once none is inside a fast
-  // take (bounded, as Withdraw). AllowFastTakes lets them take by a plain store again, where this
-  // process takes part in the global barrier.
-  static void StopFastTakes(DirectRecvQueue* const* qs, size_t n);
-  static void AllowFastTakes(DirectRecvQueue* q);
-  // SealRecvQueue, fast takes stopped already.
-  static void SealStoppedRecvQueue(DirectRecvQueue* q);
   // Whether senders marked slots done since the last TakeRecvsDone (lock-free; a store-load fence
   // first, so that a consumer that just declared itself asleep sees what came before).
   bool RecvsPending() const {
@@ -306,12 +282,7 @@ class PeerWindows {
 
   // The receive queue of endpoint `endpoint` when the endpoint is open to direct SENDs (nullptr
   // otherwise), and in *taken its `taken`, read before that check: the value to take a WQE from.
-  // *fast: the sender is inside a fast take (DirectRecvQueue), and must LeaveRecvQueue once its
-  // slot is done or it gave up.
-  DirectRecvQueue* OpenRecvQueue(uint32_t endpoint, uint64_t* taken, bool* fast);
-  static void LeaveRecvQueue(DirectRecvQueue* q) {
-    q->sender_inside.store(0, std::memory_order_release);
-  }
+  DirectRecvQueue* OpenRecvQueue(uint32_t endpoint, uint64_t* taken);
   // Counts a slot marked done (after its state), for the owner to collect.
   void NoteRecvDone() { table_->recvs_done.fetch_add(1, std::memory_order_seq_cst); }
 

@@ -390,9 +390,7 @@ std::unique_ptr<softrdma::link::PeerWindows> MapOwnTable(uint32_t qpn, const ibv
     std::unique_ptr<softrdma::link::PeerWindows> mapped(
         softrdma::link::PeerWindows::Map(dup(table), dup(arenas[0])));
     uint64_t taken = 0;
-    bool fast = false;  // this binary's copy of the link takes no part in the global barrier
-    softrdma::link::DirectRecvQueue* block =
-        mapped ? mapped->OpenRecvQueue(qpn, &taken, &fast) : nullptr;
+    softrdma::link::DirectRecvQueue* block = mapped ? mapped->OpenRecvQueue(qpn, &taken) : nullptr;
     if (!block) continue;
     const uint32_t t = dr::TakenCount(taken);
     const softrdma::link::DirectRecvSlot& s = block->slots[t % softrdma::link::kDirectRecvSlots];
@@ -441,8 +439,7 @@ TEST_F(DirectSend, AMessageInTheSlotClaimingMoreBytesThanItHoldsWritesNoMore) {
   std::unique_ptr<softrdma::link::PeerWindows> peer = MapOwnTable(q->qpn(), region.Sge(0, 256));
   ASSERT_NE(peer, nullptr) << "the receive queue is not open to a same-host peer";
   uint64_t taken = 0;
-  bool fast = false;  // this binary's copy of the link takes no part in the global barrier
-  softrdma::link::DirectRecvQueue* block = peer->OpenRecvQueue(q->qpn(), &taken, &fast);
+  softrdma::link::DirectRecvQueue* block = peer->OpenRecvQueue(q->qpn(), &taken);
   ASSERT_NE(block, nullptr) << "the receive queue is not open to a same-host peer";
   const uint32_t t = dr::TakenCount(taken);
   softrdma::link::DirectRecvSlot& s = block->slots[t % softrdma::link::kDirectRecvSlots];

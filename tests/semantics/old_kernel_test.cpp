@@ -19,22 +19,18 @@ namespace {
 using semantics::FailedFreshRuns;
 using semantics::kFreshRunsSkipped;
 
-// Makes system call `Nr` fail with `Errno` in this process and all it starts.
-template <long Nr, int Errno>
-bool Refuse() {
+// Makes epoll_pwait2 fail with `Errno` in this process and all it starts.
+template <int Errno>
+bool RefuseEpollPwait2() {
   sock_filter filter[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, Nr, 0, 1),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_epoll_pwait2, 0, 1),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | Errno),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
   sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
          prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
-}
-template <int Errno>
-bool RefuseEpollPwait2() {
-  return Refuse<SYS_epoll_pwait2, Errno>();
 }
 
 constexpr auto kBound = std::chrono::seconds(30);
@@ -62,20 +58,6 @@ TEST(OldKernel, ABlockedProcessIsWokenByTheNextMessageWhereTheCallIsRefused) {
   EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage", 1,
                             kBound, {}, RefuseEpollPwait2<EPERM>),
             0);
-}
-
-// A profile that refuses membarrier: no biased locks, no fast takes of receive WQEs
-// (link/global_barrier.h). Senders take WQEs by compare-and-swap, and a withdrawal or a WQE taken
-// back still waits for them.
-TEST(OldKernel, DirectSendsWorkWhereMembarrierIsRefused) {
-  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(
-      FailedFreshRuns("DirectSend.DirectAndFramedSendsCompleteInReceiveQueueOrder:"
-                      "DirectSend.AWqeTheResponderTookBackHoldsUpNoWithdrawal:"
-                      "DirectSend.ABufferDeregisteredAfterAMessageWentIntoItIsNeverWrittenBy*:"
-                      "DirectSend.AStreamThatOutrunsThePublishedWqesArrivesWholeAndInOrder",
-                      1, kBound, {}, Refuse<SYS_membarrier, EPERM>),
-      0);
 }
 
 }  // namespace

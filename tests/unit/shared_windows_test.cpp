@@ -8,11 +8,9 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <thread>
 
-#include "link/global_barrier.h"
 #include "link/shared_memory.h"
 
 namespace softrdma::link {
@@ -49,10 +47,7 @@ struct Fixture {
   DirectRecvQueue* OpenWithOneWqe(uint64_t* taken) {
     if (!own_queue || !peer) return nullptr;
     own_queue->slots[0].state.store(direct_recv::State(direct_recv::kPosted, 0));
-    bool fast = false;
-    DirectRecvQueue* q = peer->OpenRecvQueue(kEndpoint, taken, &fast);
-    if (fast) PeerWindows::LeaveRecvQueue(q);  // these senders take by compare-and-swap
-    return q;
+    return peer->OpenRecvQueue(kEndpoint, taken);
   }
   uint8_t* base;
   uint64_t shared;
@@ -121,104 +116,7 @@ TEST(SharedWindows, ASealedQueueRefusesTheTakeOfASenderThatOpenedItBefore) {
   uint64_t expected = taken;
   EXPECT_FALSE(q->taken.compare_exchange_strong(expected, dr::WithCount(taken, 1)));
   uint64_t again = 0;
-  bool fast = false;
-  EXPECT_EQ(f.peer->OpenRecvQueue(kEndpoint, &again, &fast), nullptr);
-  EXPECT_FALSE(fast);
-}
-
-// Whether this process takes part in the global barrier (registered in the background).
-bool GlobalBarrierUp() {
-  PrepareGlobalBarrierInBackground();
-  for (int i = 0; i < 500 && !GlobalBarrierReady(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return GlobalBarrierReady();
-}
-
-// A sender taking fast (a plain store of `taken`, no compare-and-swap to fail) that passed its
-// checks before a withdrawal: the withdrawal waits until it has taken, written and left, as it
-// waits for a sender that took a WQE; it does not return while that sender may still write.
-TEST(SharedWindows, AWithdrawalWaitsForAFastSenderThatCheckedBeforeIt) {
-  if (!GlobalBarrierUp()) GTEST_SKIP() << "membarrier global expedited refused here";
-  Fixture f;
-  ASSERT_NE(f.own_queue, nullptr);
-  ASSERT_NE(f.peer, nullptr);
-  SharedWindows::AllowFastTakes(f.own_queue);
-  f.own_queue->slots[0].state.store(dr::State(dr::kPosted, 0));
-  const uint64_t addr = reinterpret_cast<uintptr_t>(f.base) + 4096;
-  uint64_t taken = 0;
-  bool fast = false;
-  DirectRecvQueue* q = f.peer->OpenRecvQueue(kEndpoint, &taken, &fast);
-  ASSERT_NE(q, nullptr);
-  ASSERT_TRUE(fast) << "the owner allows fast takes and this process takes part in the barrier";
-  uint8_t* p = f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight);
-  ASSERT_NE(p, nullptr);
-
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kInside = std::chrono::milliseconds(60);
-  Clock::duration took{};
-  std::atomic<bool> returned{false};
-  std::thread dereg([&] {
-    auto t0 = Clock::now();
-    SharedWindows::Get().Withdraw(kKey);
-    took = Clock::now() - t0;
-    returned = true;
-  });
-  std::this_thread::sleep_for(kInside);
-  EXPECT_FALSE(returned) << "the withdrawal returned while a fast sender was inside";
-  q->taken.store(dr::WithCount(taken, 1));  // the fast take
-  p[0] = 1;                                 // the sender's write: the region must still be there
-  q->slots[0].state.store(dr::State(dr::kDone, 0));
-  PeerWindows::LeaveRecvQueue(q);
-  dereg.join();
-  EXPECT_GE(took, kInside - std::chrono::milliseconds(10))
-      << "the withdrawal returned while a fast sender could still write into the window";
-  EXPECT_EQ(f.peer->Reach(kKey, kEndpoint, addr, 64, kRecvRight), nullptr);
-}
-
-// Once the owner stopped fast takes, a sender that opens the queue takes by compare-and-swap; and
-// allowed again, fast.
-TEST(SharedWindows, ASenderTakesFastOnlyWhileTheOwnerAllowsIt) {
-  if (!GlobalBarrierUp()) GTEST_SKIP() << "membarrier global expedited refused here";
-  Fixture f;
-  ASSERT_NE(f.own_queue, nullptr);
-  ASSERT_NE(f.peer, nullptr);
-  DirectRecvQueue* own = f.own_queue;
-  SharedWindows::StopFastTakes(&own, 1);
-  uint64_t taken = 0;
-  bool fast = true;
-  DirectRecvQueue* q = f.peer->OpenRecvQueue(kEndpoint, &taken, &fast);
-  ASSERT_NE(q, nullptr);
-  EXPECT_FALSE(fast);
-  EXPECT_EQ(q->sender_inside.load(), 0u);
-  SharedWindows::AllowFastTakes(own);
-  q = f.peer->OpenRecvQueue(kEndpoint, &taken, &fast);
-  ASSERT_NE(q, nullptr);
-  EXPECT_TRUE(fast);
-  EXPECT_EQ(q->sender_inside.load(), 1u);
-  PeerWindows::LeaveRecvQueue(q);
-  EXPECT_EQ(q->sender_inside.load(), 0u);
-}
-
-// A sender of another endpoint whose number picks the same block (a QP the block was refused to)
-// is refused without touching the mark of the block's own sender, which is inside a fast take: its
-// owner must still see that sender and wait for it.
-TEST(SharedWindows, ASenderOfAnotherEndpointLeavesTheFastSendersMarkAlone) {
-  if (!GlobalBarrierUp()) GTEST_SKIP() << "membarrier global expedited refused here";
-  Fixture f;
-  ASSERT_NE(f.own_queue, nullptr);
-  ASSERT_NE(f.peer, nullptr);
-  SharedWindows::AllowFastTakes(f.own_queue);
-  uint64_t taken = 0;
-  bool fast = false;
-  DirectRecvQueue* q = f.peer->OpenRecvQueue(kEndpoint, &taken, &fast);
-  ASSERT_NE(q, nullptr);
-  ASSERT_TRUE(fast);
-  uint64_t other_taken = 0;
-  bool other_fast = true;
-  EXPECT_EQ(f.peer->OpenRecvQueue(kEndpoint + kEndpointSlots, &other_taken, &other_fast), nullptr);
-  EXPECT_FALSE(other_fast);
-  EXPECT_EQ(q->sender_inside.load(), 1u) << "another endpoint's sender cleared the mark";
-  PeerWindows::LeaveRecvQueue(q);
+  EXPECT_EQ(f.peer->OpenRecvQueue(kEndpoint, &again), nullptr);
 }
 
 TEST(SharedWindows, APieceIsReachedOnlyThroughAnEndpointGrantingTheRightAndInsideTheWindow) {
