@@ -183,9 +183,10 @@ parse_perftest_mpps() {
 }
 
 # perftest -H: the median of the per-iteration samples (one-way us) listed
-# after the "#, usec" line, to three places. t_typical is the same median
-# printed to two: 0.10 us is anything from 0.095 to 0.105, a tenth of the
-# shared-memory figures and of the margin their targets are judged by.
+# after the "#, usec" line, to three places (the samples themselves come in
+# steps of ~0.005 us on this host). t_typical is the same median printed to
+# two: 0.10 us is anything from 0.095 to 0.105, a tenth of the shared-memory
+# figures and of the margin their targets are judged by.
 parse_perftest_samples_median() {
 	[[ -f $1 ]] || return 0
 	awk -F', *' '/^#, usec/ { on = 1; next } on && NF == 2 && $2 ~ /^[0-9.]+$/ { print $2 }' "$1" |
@@ -362,8 +363,8 @@ fi
 
 # perftest_case COL KEY KIND TOOL ARGS: one perftest run through softrdma on
 # column COL's link (shm: the default, tcp: SOFTRDMA_LINK=tcp). KIND says
-# what to read: lat (t_typical of size 2), bw:<size> (GB/s), rate:<size>
-# (Mpps).
+# what to read: lat (the median of the client's samples, size 2), bw:<size>
+# (GB/s), rate:<size> (Mpps).
 perftest_case() {
 	local col=$1 key=$2 kind=$3 tool=$4 args=$5 name env_str='' tmo log fig client_args
 	key=$col,$key
@@ -414,7 +415,7 @@ scale_qps() {
 }
 # Rounds of the anchors and the cases back to back (see the header): the
 # latencies, and ib_write_bw 64 KiB with UCX's put, whose figure moved by a
-# fifth from run to run (93-120 GB/s, ours 112-115, within ten minutes).
+# fifth from run to run (93-127 GB/s on 2026-12-06, ours 112-120).
 # R[key,round] holds a round's figure; V[key] becomes the median of the rounds.
 declare -A R
 ROUND_KEYS=("a,pingpong" "a,ucx_posix_lat" "shm,write_lat" "shm,send_lat" "a,ucx_tcp_lat" "tcp,write_lat" "tcp,send_lat"
