@@ -81,7 +81,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../tests/integration/lib.sh"
 
 DURATION=3
 LAT_ITERS=20000
-LAT_ROUNDS=3
+ROUNDS=3
 SCALE_QPS=1000
 SCALE_MRS=10000
 QUICK=0
@@ -92,7 +92,7 @@ while [[ $# -gt 0 ]]; do
 		case $1 in
 		--duration) DURATION=$2 ;;
 		--iters) LAT_ITERS=$2 ;;
-		--rounds) LAT_ROUNDS=$2 ;;
+		--rounds) ROUNDS=$2 ;;
 		--qps) SCALE_QPS=$2 ;;
 		--mrs) SCALE_MRS=$2 ;;
 		esac
@@ -102,7 +102,7 @@ while [[ $# -gt 0 ]]; do
 		QUICK=1
 		DURATION=1
 		LAT_ITERS=5000
-		LAT_ROUNDS=1
+		ROUNDS=1
 		;;
 	-v | --verbose) T_VERBOSE=1 ;;
 	-h | --help)
@@ -423,8 +423,8 @@ ROUND_KEYS=("a,pingpong" "a,ucx_posix_lat" "shm,write_lat" "shm,send_lat" "a,ucx
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
 	END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 lat_args="-s 2 -n $LAT_ITERS"
-for ((round = 1; round <= LAT_ROUNDS; round++)); do
-	((LAT_ROUNDS > 1)) && ROUND_TAG=" round $round"
+for ((round = 1; round <= ROUNDS; round++)); do
+	((ROUNDS > 1)) && ROUND_TAG=" round $round"
 	pingpong_case
 	ucx_case a,ucx_posix_lat posix tag_lat 2 $((1000000 / q)) lat
 	perftest_case shm write_lat lat ib_write_lat "$lat_args"
@@ -441,7 +441,7 @@ done
 ROUND_TAG=
 for key in "${ROUND_KEYS[@]}"; do
 	figures=()
-	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+	for ((round = 1; round <= ROUNDS; round++)); do
 		[[ -n ${R[$key,$round]:-} ]] && figures+=("${R[$key,$round]}")
 	done
 	((${#figures[@]})) && V[$key]=$(median "${figures[@]}")
@@ -522,7 +522,7 @@ table_line metric "softrdma shm" link "softrdma tcp" link anchor "anchor value" 
 # figures measured in rounds; nothing otherwise.
 paired_ratio() {
 	local ratios=() round
-	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+	for ((round = 1; round <= ROUNDS; round++)); do
 		[[ -n ${R[$1,$round]:-} && -n ${R[$2,$round]:-} ]] || continue
 		ratios+=("$(awk -v a="${R[$1,$round]}" -v b="${R[$2,$round]}" 'BEGIN { if (b > 0) printf "%.4f", a / b }')")
 	done
@@ -615,13 +615,13 @@ row "  bytes per MR" mrs_bytes shm "" "" info ""
 echo
 echo "host: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo); CPUs busy with other work: $BUSY_START before the run, $(cpus_busy) after"
 echo "ratio = the target's column / anchor; GB/s = 10^9 bytes/s; latencies are one-way medians."
-echo "latencies and shm ib_write_bw 64 KiB against UCX put: median of $LAT_ROUNDS rounds of anchors and cases run back to back; their ratios: median of the rounds' ratios."
+echo "latencies and shm ib_write_bw 64 KiB against UCX put: median of $ROUNDS rounds of anchors and cases run back to back; their ratios: median of the rounds' ratios."
 # Each round's figures: on a VM the two vCPUs may move between hosts' cores mid-run (the ping-pong
 # went from 0.21 to 0.05 us between two rounds), and a median then mixes two machines.
-if ((LAT_ROUNDS > 1)); then
+if ((ROUNDS > 1)); then
 	rounds_line="rounds (ping-pong, UCX posix, shm write_lat, shm send_lat; us):"
 	pp_lo='' pp_hi=''
-	for ((round = 1; round <= LAT_ROUNDS; round++)); do
+	for ((round = 1; round <= ROUNDS; round++)); do
 		rounds_line+=" $round: ${R[a,pingpong,$round]:--} ${R[a,ucx_posix_lat,$round]:--} ${R[shm,write_lat,$round]:--} ${R[shm,send_lat,$round]:--};"
 		pp=${R[a,pingpong,$round]:-}
 		[[ -n $pp ]] || continue

@@ -33,10 +33,6 @@ bool Refuse() {
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
          prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
-template <int Errno>
-bool RefuseEpollPwait2() {
-  return Refuse<SYS_epoll_pwait2, Errno>();
-}
 
 constexpr auto kBound = std::chrono::seconds(30);
 
@@ -45,23 +41,24 @@ constexpr auto kBound = std::chrono::seconds(30);
 TEST(OldKernel, AProcessBlockedOnACompletionChannelUsesNoCpu) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   const char* test = "ShmLink.AProcessBlockedOnACompletionChannelUsesNoCpu";
-  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, RefuseEpollPwait2<ENOSYS>), 0);
-  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, RefuseEpollPwait2<EPERM>), 0);
+  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, Refuse<SYS_epoll_pwait2, ENOSYS>), 0);
+  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, Refuse<SYS_epoll_pwait2, EPERM>), 0);
 }
 
 // ib_write_lat's pattern: an application spinning on memory, a WRITE that lands in it.
 TEST(OldKernel, AWriteLandsForAnApplicationSpinningOnMemory) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   const char* test = "SocketLease.AWriteLandsForAPollerThatTurnedToSpinningOnMemory";
-  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, RefuseEpollPwait2<ENOSYS>), 0);
-  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {"SOFTRDMA_LINK=tcp"}, RefuseEpollPwait2<ENOSYS>), 0);
+  EXPECT_EQ(FailedFreshRuns(test, 1, kBound, {}, Refuse<SYS_epoll_pwait2, ENOSYS>), 0);
+  EXPECT_EQ(
+      FailedFreshRuns(test, 1, kBound, {"SOFTRDMA_LINK=tcp"}, Refuse<SYS_epoll_pwait2, ENOSYS>), 0);
 }
 
 // A seccomp profile that refuses the call with EPERM, as Docker's did before it knew it.
 TEST(OldKernel, ABlockedProcessIsWokenByTheNextMessageWhereTheCallIsRefused) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("ShmLink.AProcessThatPolledAndThenBlocksIsWokenByTheNextMessage", 1,
-                            kBound, {}, RefuseEpollPwait2<EPERM>),
+                            kBound, {}, Refuse<SYS_epoll_pwait2, EPERM>),
             0);
 }
 
