@@ -1038,6 +1038,11 @@ void Endpoint::Impl::Loop() {
         wait_at_most(0);  // serve what the lease left behind now
       }
     }
+    if (sockets_unwatched.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> g(claim_mu);
+      if (claims == 0) ArmSocketsLocked(true);
+      if (sockets_unwatched.load(std::memory_order_relaxed)) wait_at_most(kUnwatchedSocketsNs);
+    }
     timespec wait{wait_ns / 1'000'000'000, wait_ns % 1'000'000'000};
     int woke = WaitForEvents(outer_fd, outer, 3, wait_ns < 0 ? nullptr : &wait);
     if (parked.load(std::memory_order_relaxed)) {
@@ -1093,10 +1098,29 @@ void Endpoint::Impl::Claim() {
   ArmSocketsLocked(false);
 }
 
-void Endpoint::Impl::ArmSocketsLocked(bool armed) {
+// The socket lease takes `epfd` out of `outer_fd` rather than leaving it there disarmed: a nested
+// set stays on the wait list of the set it is in, so every segment a peer delivered into one of our
+// sockets ran the outer set's wake-up, on the peer's core inside its send (TCP ib_write_lat
+// 0.985 without it, A/B). Claims around single polls only disarm: adding an epoll set to another
+// takes the kernel's global nesting check, and a lease changes hands at most once a millisecond.
+void Endpoint::Impl::ArmSocketsLocked(bool armed, bool detach) {
   epoll_event ev{};
   ev.events = armed ? uint32_t{EPOLLIN} : 0u;
   ev.data.ptr = nullptr;
+  if (sockets_detached) {
+    if (!armed) return;                                        // out already
+    if (epoll_ctl(outer_fd, EPOLL_CTL_ADD, epfd, &ev) != 0) {  // ENOMEM, ENOSPC (watches)
+      sockets_unwatched.store(true, std::memory_order_relaxed);
+      return;
+    }
+    sockets_detached = false;
+    sockets_unwatched.store(false, std::memory_order_relaxed);
+    return;
+  }
+  if (!armed && detach && epoll_ctl(outer_fd, EPOLL_CTL_DEL, epfd, nullptr) == 0) {
+    sockets_detached = true;
+    return;
+  }
   epoll_ctl(outer_fd, EPOLL_CTL_MOD, epfd, &ev);
 }
 
@@ -1118,7 +1142,7 @@ bool Endpoint::Impl::HoldSocketLease(int64_t now) {
     if (socket_lease.load(std::memory_order_relaxed)) return true;
     socket_lease.store(true, std::memory_order_release);
     socket_lease_taken_ns.store(now, std::memory_order_relaxed);
-    if (claims++ == 0) ArmSocketsLocked(false);
+    if (claims++ == 0) ArmSocketsLocked(false, /*detach=*/true);
   }
   Wake();  // the progress thread may sleep without a deadline: it must learn when to end the lease
   return true;

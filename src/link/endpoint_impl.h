@@ -66,7 +66,13 @@ struct Endpoint::Impl {
   void Claim();
   void Release();
   // Arms or disarms `epfd` in `outer_fd` (claim_mu held): whether socket events wake the thread.
-  void ArmSocketsLocked(bool armed);
+  // `detach` (the socket lease) takes it out of `outer_fd` instead of disarming it there.
+  void ArmSocketsLocked(bool armed, bool detach = false);
+  bool sockets_detached = false;  // claim_mu
+  // Set when `epfd` could not go back into `outer_fd`: the progress thread then looks at the
+  // sockets every kUnwatchedSocketsNs and tries again (written under claim_mu).
+  std::atomic<bool> sockets_unwatched{false};
+  static constexpr int64_t kUnwatchedSocketsNs = 1'000'000;
   std::thread thread;
   std::atomic<bool> stop{false};
 

@@ -5,7 +5,13 @@
 // in the suite's own process they run on whatever link reaches the child.
 #include <infiniband/verbs.h>
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -13,6 +19,9 @@
 #include "support/semantics_harness.h"
 
 #include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace {
@@ -69,6 +78,40 @@ int BusyWriter(ChildPipe p, QpOpts o) {
   return 0;
 }
 
+// WRITEs 8 bytes of 0x11 at once after 'g' (the connections then exist), and 8 bytes of 0x5a into
+// the window's second half 300 ms after 'h'; waits for 'x'.
+int TwoWriter(ChildPipe p, QpOpts o) {
+  Writer wr;
+  if (int e = wr.Start(p, o)) return e;
+  std::memset(wr.c.b->data(), 0x11, 8);
+  if (int e = wr.Write(1)) return e;
+  char h;
+  if (!p.Recv(&h)) return 18;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::memset(wr.c.b->data(), 0x5a, 8);
+  wr.w.addr += 32;
+  if (int e = wr.Write(2)) return e;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
+// From now on epoll_ctl(EPOLL_CTL_ADD) fails with ENOSPC in every thread of this process, as when
+// the user's epoll watches (fs.epoll.max_user_watches) run out.
+bool RefuseEpollAdds() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_epoll_ctl, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[1])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, EPOLL_CTL_ADD, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSPC),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &program) == 0;
+}
+
 class SocketLease : public VerbsTest {};
 
 // Polls (taking the lease), then spins on memory for a WRITE, as ib_write_lat and riostream do.
@@ -95,6 +138,40 @@ TEST_F(SocketLease, AWriteLandsForAPollerThatTurnedToSpinningOnMemory) {
   EXPECT_EQ(Peek(last), 0x5a) << "the WRITE never landed";
   EXPECT_TRUE(child.Send('x'));
   EXPECT_EQ(child.Wait(), 0) << "the writer's own completion went wrong";
+}
+
+// The lease takes the sockets' epoll set out of the progress thread's; when it cannot be put back
+// (no epoll watches left), the progress thread must still read the sockets: a WRITE that comes
+// after the lease ran out lands in memory the application spins on.
+TEST_F(SocketLease, AWriteLandsWhenTheSocketsCannotBeWatchedAgain) {
+  if (!getenv("SOFTRDMA_TEST_FRESH"))
+    GTEST_SKIP() << "runs in a fresh process (SocketLeaseOnTcp.*)";
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) { return TwoWriter(ChildPipe{up, down}, {}); }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_TRUE(child.Send(Window{b->addr(), b->rkey()}));
+  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+  ASSERT_TRUE(child.Send('g'));
+  ibv_wc wc;
+  auto until = Clock::now() + std::chrono::seconds(3);
+  while (Peek(b->data() + 7) != 0x11 && Clock::now() < until)
+    ASSERT_EQ(ibv_poll_cq(a->scq, 1, &wc), 0);
+  ASSERT_EQ(Peek(b->data() + 7), 0x11) << "the first WRITE never landed";
+  ASSERT_TRUE(RefuseEpollAdds());
+  ASSERT_TRUE(child.Send('h'));
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(ibv_poll_cq(a->scq, 1, &wc), 0);
+  const uint8_t* last = b->data() + 32 + 7;
+  until = Clock::now() + std::chrono::seconds(3);
+  while (Peek(last) != 0x5a && Clock::now() < until) {
+  }
+  EXPECT_EQ(Peek(last), 0x5a) << "the second WRITE never landed";
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the writer's own completions went wrong";
 }
 
 // A poller reads the one connection that keeps bringing frames without asking epoll each time;
@@ -145,6 +222,14 @@ TEST(SocketLeaseOnTcp, ALeaseThatRunsOutLeavesTheSocketsToTheProgressThread) {
   EXPECT_EQ(FailedFreshRuns("SocketLease.AWriteLandsForAPollerThatTurnedToSpinningOnMemory", 2,
                             std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp"}),
             0);
+}
+
+TEST(SocketLeaseOnTcp, TheSocketsAreReadWhenTheyCannotBeWatchedAgain) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(
+      FailedFreshRuns("SocketLease.AWriteLandsWhenTheSocketsCannotBeWatchedAgain", 1,
+                      std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp", "SOFTRDMA_TEST_FRESH=1"}),
+      0);
 }
 
 TEST(SocketLeaseOnTcp, ArmingACqEndsTheLease) {
