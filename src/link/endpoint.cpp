@@ -438,11 +438,40 @@ class TcpChannel final : public ServedChannel {
                 (room_wanted_ && dgram_sent_ - dgram_credited_ <= kDatagramBacklogBytes);
     if ((want == want_out_ && !reading_changed) || closed()) return;
     want_out_ = want;
+    epoll_event ev = InterestLocked();
+    // Out of the set, only reading is the poller's: anything else needs epoll again.
+    if (out_of_set_) {
+      if (ev.events != EPOLLIN && epoll_ctl(ep_.epfd, EPOLL_CTL_ADD, fd_, &ev) == 0)
+        out_of_set_ = false;
+      return;
+    }
+    epoll_ctl(ep_.epfd, EPOLL_CTL_MOD, fd_, &ev);
+  }
+
+  epoll_event InterestLocked() {
     epoll_event ev{};
     bool reading = !held_.load(std::memory_order_acquire);
-    ev.events = (reading ? uint32_t{EPOLLIN} : 0u) | (want ? uint32_t{EPOLLOUT} : 0u);
+    ev.events = (reading ? uint32_t{EPOLLIN} : 0u) | (want_out_ ? uint32_t{EPOLLOUT} : 0u);
     ev.data.ptr = static_cast<Pollable*>(this);
-    epoll_ctl(ep_.epfd, EPOLL_CTL_MOD, fd_, &ev);
+    return ev;
+  }
+
+  // Only a socket the poller alone needs to hear from: reading, nothing queued to write.
+  bool LeaveSet() override {
+    std::lock_guard g(tx_mu_);
+    if (out_of_set_ || want_out_ || held_.load(std::memory_order_acquire) || closed()) return false;
+    if (epoll_ctl(ep_.epfd, EPOLL_CTL_DEL, fd_, nullptr) != 0) return false;
+    out_of_set_ = true;
+    return true;
+  }
+
+  bool ReturnToSet() override {
+    std::lock_guard g(tx_mu_);
+    if (!out_of_set_ || closed()) return true;
+    epoll_event ev = InterestLocked();
+    if (epoll_ctl(ep_.epfd, EPOLL_CTL_ADD, fd_, &ev) != 0) return false;  // ENOMEM, ENOSPC
+    out_of_set_ = false;
+    return true;
   }
 
   // Writes as much of the queue as the socket takes now.
@@ -715,7 +744,8 @@ class TcpChannel final : public ServedChannel {
   int fd_;
   std::atomic<bool> closed_{false};
 
-  FastMutex tx_mu_;  // guards everything tx below
+  FastMutex tx_mu_;          // guards everything tx below
+  bool out_of_set_ = false;  // not in ep_.epfd (LeaveSet)
   std::deque<TxItem> txq_;
   bool connecting_;
   const bool accepted_;
@@ -1043,6 +1073,7 @@ void Endpoint::Impl::Loop() {
       if (claims == 0) ArmSocketsLocked(true);
       if (sockets_unwatched.load(std::memory_order_relaxed)) wait_at_most(kUnwatchedSocketsNs);
     }
+    if (hot_socket_out.load() && !socket_lease.load()) wait_at_most(kUnwatchedSocketsNs);
     timespec wait{wait_ns / 1'000'000'000, wait_ns % 1'000'000'000};
     int woke = WaitForEvents(outer_fd, outer, 3, wait_ns < 0 ? nullptr : &wait);
     if (parked.load(std::memory_order_relaxed)) {
@@ -1058,6 +1089,9 @@ void Endpoint::Impl::Loop() {
     for (int i = 0; i < woke; ++i)
       if (outer[i].data.ptr == wake_pollable || outer[i].data.ptr == timer_pollable)
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
+    // A hot socket that cannot go back is read here meanwhile, every kUnwatchedSocketsNs.
+    if (hot_socket_out.load() && !socket_lease.load() && !ChangeHotSocket(nullptr))
+      hot_socket->ReadNow();
     int n = sys::EpollWait(epfd, events, 64, 0);
     if (lease_ended && n > 0) {
       const int64_t at = NowNs();
@@ -1150,10 +1184,14 @@ bool Endpoint::Impl::HoldSocketLease(int64_t now) {
 
 bool Endpoint::Impl::EndSocketLease() {
   if (!socket_lease.load(std::memory_order_acquire)) return false;
-  std::lock_guard<std::mutex> g(claim_mu);
-  if (!socket_lease.load(std::memory_order_relaxed)) return false;
-  socket_lease.store(false, std::memory_order_relaxed);
-  if (--claims == 0) ArmSocketsLocked(true);
+  {
+    std::lock_guard<std::mutex> g(claim_mu);
+    if (!socket_lease.load(std::memory_order_relaxed)) return false;
+    socket_lease.store(false);
+    if (--claims == 0) ArmSocketsLocked(true);
+  }
+  // The hot socket, out of `epfd`, would wake nobody: the progress thread puts it back.
+  if (hot_socket_out.load() && t_progress_loop != this) Wake();
   return true;
 }
 
@@ -1285,11 +1323,14 @@ bool Endpoint::Impl::PollOnceLeased() {
     int n = sys::EpollWait(epfd, events, 64, 0);
     ServedChannel* only = nullptr;
     if (n == 1) only = static_cast<Pollable*>(events[0].data.ptr)->socket_channel();
-    if (only != hot_socket.get())
-      hot_socket =
-          only ? std::static_pointer_cast<ServedChannel>(only->shared_from_this()) : nullptr;
+    // A hot socket out of `epfd` is not in epoll's answer: it is read here, and a quiet one stays
+    // the hot socket until another connection alone has something.
+    ServedChannel* out =
+        hot_socket_out.load(std::memory_order_relaxed) ? hot_socket.get() : nullptr;
+    if (only != hot_socket.get() && (n > 0 || !out)) ChangeHotSocket(only);
+    if (out && out == hot_socket.get()) handled += out->ReadNow();
     if (n > 0 || loop_frames_pending.load(std::memory_order_relaxed) != 0)
-      handled = Dispatch(events, n < 0 ? 0 : n);
+      handled += Dispatch(events, n < 0 ? 0 : n);
   }
   // Timers run after the work, in the next empty poll: TCP ib_write_lat's reply waited for them.
   if (handled > 0 ? ++leased_rounds_without_timers >= kLeasedRoundsPerTimerPass
@@ -1299,6 +1340,19 @@ bool Endpoint::Impl::PollOnceLeased() {
   }
   progress_mu.unlock();
   return handled > 0;
+}
+
+bool Endpoint::Impl::ChangeHotSocket(ServedChannel* next) {
+  if (hot_socket && !hot_socket->ReturnToSet()) return false;
+  hot_socket_out.store(false, std::memory_order_relaxed);
+  hot_socket = next ? std::static_pointer_cast<ServedChannel>(next->shared_from_this()) : nullptr;
+  // Only under the lease: whoever ends it has the progress thread hand the socket back
+  // (EndSocketLease, Loop). The lease may end meanwhile, seen by one of us at least (both sides
+  // store, then load, sequentially consistent): then it comes back at once.
+  if (!hot_socket || !socket_lease.load() || !hot_socket->LeaveSet()) return true;
+  hot_socket_out.store(true);
+  if (!socket_lease.load() && hot_socket->ReturnToSet()) hot_socket_out.store(false);
+  return true;
 }
 
 bool Endpoint::Impl::PollOnceClaimed() {

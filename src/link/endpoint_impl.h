@@ -44,6 +44,10 @@ class ServedChannel : public Channel, public Pollable {
   virtual void Close() = 0;
   // Reads and handles what arrived, without epoll (progress mutex held); the frames handled.
   virtual int ReadNow() { return 0; }
+  // Leaves the sockets' epoll set while a leased poller reads it as the hot socket, or comes back
+  // (progress mutex held). Leaving may be refused; coming back fails only when epoll does.
+  virtual bool LeaveSet() { return false; }
+  virtual bool ReturnToSet() { return true; }
 };
 
 class ShmChannel;
@@ -172,6 +176,12 @@ struct Endpoint::Impl {
   static constexpr int kHotSocketPollsPerEpoll = 64;
   std::shared_ptr<ServedChannel> hot_socket;
   int hot_socket_polls = 0;
+  // The hot socket is out of `epfd` (ServedChannel::LeaveSet): no epoll entry waits on it, so a
+  // peer's delivery wakes nobody. The progress thread puts it back once the lease has ended.
+  std::atomic<bool> hot_socket_out{false};
+  // Under progress_mu: makes `next` the hot socket, or none; false when the old one could not
+  // return to `epfd` (it stays the hot socket).
+  bool ChangeHotSocket(ServedChannel* next);
   // A leased poll that handled frames leaves the timers to the next empty poll (at most
   // kLeasedRoundsPerTimerPass rounds in a row): the application waits for what the frames
   // completed, and an empty poll has nothing better to do (progress_mu).
