@@ -1091,7 +1091,7 @@ void Endpoint::Impl::Loop() {
         static_cast<Pollable*>(outer[i].data.ptr)->OnEvents(outer[i].events);
     // A hot socket that cannot go back is read here meanwhile, every kUnwatchedSocketsNs.
     if (hot_socket_out.load() && !socket_lease.load() && !ChangeHotSocket(nullptr))
-      hot_socket->ReadNow();
+      ReadHotSocketOut();
     int n = sys::EpollWait(epfd, events, 64, 0);
     if (lease_ended && n > 0) {
       const int64_t at = NowNs();
@@ -1295,8 +1295,9 @@ bool Endpoint::Impl::PollOnce(bool wait) {
   }
   progress_mu.lock();
   epoll_event events[64];
+  int handled = ReadHotSocketOut();
   int n = sys::EpollWait(epfd, events, 64, 0);
-  int handled = Dispatch(events, n < 0 ? 0 : n);
+  handled += Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
   progress_mu.unlock();
   return handled > 0;
@@ -1328,9 +1329,11 @@ bool Endpoint::Impl::PollOnceLeased() {
     ServedChannel* out =
         hot_socket_out.load(std::memory_order_relaxed) ? hot_socket.get() : nullptr;
     if (only != hot_socket.get() && (n > 0 || !out)) ChangeHotSocket(only);
-    if (out && out == hot_socket.get()) handled += out->ReadNow();
+    handled = out && out == hot_socket.get() ? out->ReadNow() : 0;
     if (n > 0 || loop_frames_pending.load(std::memory_order_relaxed) != 0)
       handled += Dispatch(events, n < 0 ? 0 : n);
+    else if (handled > 0)
+      sink.OnBatchEnd();
   }
   // Timers run after the work, in the next empty poll: TCP ib_write_lat's reply waited for them.
   if (handled > 0 ? ++leased_rounds_without_timers >= kLeasedRoundsPerTimerPass
@@ -1355,11 +1358,16 @@ bool Endpoint::Impl::ChangeHotSocket(ServedChannel* next) {
   return true;
 }
 
+int Endpoint::Impl::ReadHotSocketOut() {
+  return hot_socket_out.load(std::memory_order_relaxed) && hot_socket ? hot_socket->ReadNow() : 0;
+}
+
 bool Endpoint::Impl::PollOnceClaimed() {
   if (!progress_mu.try_lock()) return false;
   epoll_event events[64];
+  int handled = ReadHotSocketOut();
   int n = sys::EpollWait(epfd, events, 64, 0);
-  int handled = Dispatch(events, n < 0 ? 0 : n);
+  handled += Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
   // The graveyard is emptied by the progress thread only, after its own Dispatch: it may be
   // waiting for progress_mu with events from an epoll_wait made before these channels closed, and

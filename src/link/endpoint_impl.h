@@ -182,6 +182,9 @@ struct Endpoint::Impl {
   // Under progress_mu: makes `next` the hot socket, or none; false when the old one could not
   // return to `epfd` (it stays the hot socket).
   bool ChangeHotSocket(ServedChannel* next);
+  // Under progress_mu: reads the hot socket if it is out of `epfd`, where no epoll_wait finds it
+  // (a blocking poll, a claimed one, the progress thread's fallback); the frames handled.
+  int ReadHotSocketOut();
   // A leased poll that handled frames leaves the timers to the next empty poll (at most
   // kLeasedRoundsPerTimerPass rounds in a row): the application waits for what the frames
   // completed, and an empty poll has nothing better to do (progress_mu).

@@ -101,6 +101,28 @@ int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   return 0;
 }
 
+constexpr int kOneByOneMessages = 400;
+
+// After 'g', SENDs kOneByOneMessages messages of 8 bytes, each after the last one's completion
+// (at most 2 s each); then says 'd' and waits for 'x'. Its QP never retransmits (timeout 0): only
+// the receiver's ACK completes a SEND.
+int OneByOneSender(ChildPipe p, QpOpts o) {
+  o.timeout = 0;
+  ChildQp c;
+  if (int e = c.Connect(p, o, 64)) return e;
+  char go;
+  if (!p.Recv(&go)) return 14;
+  for (int i = 0; i < kOneByOneMessages; ++i) {
+    if (PostSendMsg(c.q->qp, *c.b, 0, 8, i)) return 15;
+    ibv_wc wc;
+    if (!PollOne(c.q->scq, &wc, std::chrono::seconds(2)) || wc.status != IBV_WC_SUCCESS) return 16;
+  }
+  if (!p.Send('d')) return 17;
+  char done;
+  p.Recv(&done);
+  return 0;
+}
+
 // From now on epoll_ctl(EPOLL_CTL_ADD) fails with ENOSPC in every thread of this process, as when
 // the user's epoll watches (fs.epoll.max_user_watches) run out.
 bool RefuseEpollAdds() {
@@ -205,6 +227,45 @@ TEST_F(SocketLease, AWriteLandsWhenTheHotSocketCannotBeWatchedAgain) {
   WriteLandsWhereEpollAddsFail(true);
 }
 
+// A receive-only QP acknowledges at the end of the batch of frames that completed its receives
+// (it answers nothing, so its ACKs are not deferred). The leased poller reads the hot socket on
+// epoll's turn too (every 64th look); a batch read there must end like the others, or the ACK
+// waits for the next frame, which a sender waiting for its completion never sends.
+TEST_F(SocketLease, EverySendToAReceiveOnlyQpIsAcknowledged) {
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* b = Buf(8 * 128);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) {
+    return OneByOneSender(ChildPipe{up, down}, {});
+  }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+  for (uint64_t i = 0; i < 128; ++i) ASSERT_EQ(PostRecv(a->qp, *b, 8 * i, 8, i), 0);
+  ASSERT_TRUE(child.Send('g'));
+  int received = 0;
+  bool done = false;
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  for (int i = 0; (!done || received < kOneByOneMessages) && Clock::now() < until; ++i) {
+    ibv_wc wc;
+    int n = ibv_poll_cq(a->rcq, 1, &wc);
+    ASSERT_GE(n, 0);
+    if (n == 1) {
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+      ++received;
+      ASSERT_EQ(PostRecv(a->qp, *b, 8 * wc.wr_id, 8, wc.wr_id), 0);
+    }
+    char d;
+    if (!done && i % 1024 == 0) done = child.Recv(&d, std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(done) << "the sender did not finish: a SEND was never acknowledged";
+  EXPECT_EQ(received, kOneByOneMessages);
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the sender's side went wrong";
+}
+
 // A poller reads the one connection that keeps bringing frames without asking epoll each time;
 // it must still ask now and then. Here a second peer's WRITE comes (on a connection of its own,
 // which has to be accepted first) while the first peer keeps the poller busy.
@@ -269,6 +330,13 @@ TEST(SocketLeaseOnTcp, TheHotSocketIsReadWhenItCannotBeWatchedAgain) {
       FailedFreshRuns("SocketLease.AWriteLandsWhenTheHotSocketCannotBeWatchedAgain", 1,
                       std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp", "SOFTRDMA_TEST_FRESH=1"}),
       0);
+}
+
+TEST(SocketLeaseOnTcp, EverySendToAReceiveOnlyQpIsAcknowledged) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("SocketLease.EverySendToAReceiveOnlyQpIsAcknowledged", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
 }
 
 TEST(SocketLeaseOnTcp, ArmingACqEndsTheLease) {
