@@ -1135,8 +1135,9 @@ void Endpoint::Impl::Claim() {
 // The socket lease takes `epfd` out of `outer_fd` rather than leaving it there disarmed: a nested
 // set stays on the wait list of the set it is in, so every segment a peer delivered into one of our
 // sockets ran the outer set's wake-up, on the peer's core inside its send (TCP ib_write_lat
-// 0.985 without it, A/B). Claims around single polls only disarm: adding an epoll set to another
-// takes the kernel's global nesting check, and a lease changes hands at most once a millisecond.
+// 0.975 of before with this, A/B). Claims around single polls only disarm: adding an epoll set to
+// another takes the kernel's global nesting check, and a lease changes hands at most once a
+// millisecond.
 void Endpoint::Impl::ArmSocketsLocked(bool armed, bool detach) {
   epoll_event ev{};
   ev.events = armed ? uint32_t{EPOLLIN} : 0u;

@@ -57,10 +57,11 @@ struct Endpoint::Impl {
   FrameSink& sink;
   NodeId self;
   uint16_t port = 0;
-  // Every socket lives in `epfd`. The progress thread sleeps on `outer_fd`, which holds `epfd`
-  // itself and the wake eventfd: an application thread polling an empty CQ disarms `epfd` there
-  // for the length of its poll, so frames it is about to handle do not also wake (and preempt)
-  // the progress thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
+  // Every socket lives in `epfd` (but the hot socket while a lease lasts). The progress thread
+  // sleeps on `outer_fd`, which holds `epfd` itself and the wake eventfd: an application thread
+  // polling an empty CQ disarms `epfd` there for the length of its poll (takes it out, for the
+  // socket lease), so frames it is about to handle do not also wake (and preempt) the progress
+  // thread. Re-arming is level-triggered: whatever it left behind wakes the thread.
   int epfd = -1, outer_fd = -1, listen_fd = -1, wake_fd = -1, timer_fd = -1;
   Pollable* timer_pollable = nullptr;
   int64_t armed_deadline = INT64_MAX;  // what timer_fd is set to (progress_mu)

@@ -316,20 +316,15 @@ TEST(SocketLeaseOnTcp, ALeaseThatRunsOutLeavesTheSocketsToTheProgressThread) {
             0);
 }
 
+// Each in a fresh process of its own: the seccomp filter stays with the process.
 TEST(SocketLeaseOnTcp, TheSocketsAreReadWhenTheyCannotBeWatchedAgain) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(
-      FailedFreshRuns("SocketLease.AWriteLandsWhenTheSocketsCannotBeWatchedAgain", 1,
-                      std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp", "SOFTRDMA_TEST_FRESH=1"}),
-      0);
-}
-
-TEST(SocketLeaseOnTcp, TheHotSocketIsReadWhenItCannotBeWatchedAgain) {
-  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
-  EXPECT_EQ(
-      FailedFreshRuns("SocketLease.AWriteLandsWhenTheHotSocketCannotBeWatchedAgain", 1,
-                      std::chrono::seconds(30), {"SOFTRDMA_LINK=tcp", "SOFTRDMA_TEST_FRESH=1"}),
-      0);
+  for (const char* test : {"SocketLease.AWriteLandsWhenTheSocketsCannotBeWatchedAgain",
+                           "SocketLease.AWriteLandsWhenTheHotSocketCannotBeWatchedAgain"})
+    EXPECT_EQ(FailedFreshRuns(test, 1, std::chrono::seconds(30),
+                              {"SOFTRDMA_LINK=tcp", "SOFTRDMA_TEST_FRESH=1"}),
+              0)
+        << test;
 }
 
 TEST(SocketLeaseOnTcp, EverySendToAReceiveOnlyQpIsAcknowledged) {
