@@ -32,6 +32,7 @@
 #include "link/sanitizers.h"
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
+#include "link/socket_tuning.h"
 #include "link/udp_link.h"
 
 namespace softrdma::link {
@@ -46,7 +47,6 @@ constexpr size_t kGatherBytes = 512;
 constexpr int kIovBatch = 512;
 
 uint64_t Key(const PeerAddr& a);
-void TuneSocket(int fd);
 
 // A polling thread's copy of an endpoint's shared-memory channels (Endpoint::Impl::ShmRxReady).
 // The copies keep the channels, and so their rings, mapped until the thread copies again, arms a
@@ -368,7 +368,6 @@ class TcpChannel final : public ServedChannel {
   void OpenLocked() {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd >= 0) {
-      TuneSocket(fd);
       sockaddr_in a{};
       a.sin_family = AF_INET;
       a.sin_addr.s_addr = htonl(peer_.ip);
@@ -383,6 +382,7 @@ class TcpChannel final : public ServedChannel {
       closed_.store(true, std::memory_order_release);
       return;
     }
+    TuneSocket(fd, peer_.ip);  // after connect: its own address is bound now
     fd_ = fd;
     rx_.reset(new uint8_t[kRxBufferBytes]);  // only now: a path may settle on the peer's instead
     auto self = std::static_pointer_cast<ServedChannel>(shared_from_this());
@@ -839,11 +839,6 @@ uint64_t Key(const PeerAddr& a) {
   return uint64_t{a.ip} << 16 | a.port;
 }
 
-void TuneSocket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 class ShmListenPollable final : public Pollable {
  public:
   explicit ShmListenPollable(Endpoint::Impl& ep) : ep_(ep) {}
@@ -882,7 +877,10 @@ void Endpoint::Impl::AcceptAll() {
   for (int i = 0; i < 64; ++i) {
     int fd = sys::Accept4(listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    TuneSocket(fd);
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0)
+      TuneSocket(fd, ntohl(peer.sin_addr.s_addr));
     auto ch = std::make_shared<TcpChannel>(*this, fd);
     {
       std::lock_guard<std::mutex> g(mu);

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <linux/tcp.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "link/socket_tuning.h"
 #include "support/fresh_process.h"
 #include "support/sanitized.h"
 #include "support/semantics_harness.h"
@@ -74,6 +76,48 @@ uint64_t TcpBytesReceived() {
   return n;
 }
 
+// This process's established TCP connections that stay on loopback (link::StaysOnLoopback), and
+// how many of them run a congestion control other than `cc`.
+constexpr uint8_t kTcpEstablished = 1;  // tcp_info::tcpi_state (the kernel's tcp_states.h)
+struct LoopbackConnections {
+  int seen = 0, other_cc = 0;
+};
+LoopbackConnections LoopbackConnectionsNotRunning(const char* cc) {
+  LoopbackConnections r;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return r;
+  while (dirent* e = readdir(d)) {
+    const int fd = atoi(e->d_name);
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    sockaddr_in self{}, peer{};
+    socklen_t self_len = sizeof self, peer_len = sizeof peer;
+    if (fd <= 2 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+        info.tcpi_state != kTcpEstablished ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
+        peer.sin_family != AF_INET ||
+        !softrdma::link::StaysOnLoopback(ntohl(self.sin_addr.s_addr), ntohl(peer.sin_addr.s_addr)))
+      continue;
+    char name[16] = {};  // the kernel's TCP_CA_NAME_MAX
+    socklen_t name_len = sizeof name;
+    ++r.seen;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &name_len) != 0 ||
+        std::strcmp(name, cc) != 0)
+      ++r.other_cc;
+  }
+  closedir(d);
+  return r;
+}
+
+// Echo, then checks the connection it answered on (accepted) runs `cc`.
+int EchoOnCongestionControl(ChildPipe p, const char* cc) {
+  if (int e = Echo(p, {})) return e;
+  const LoopbackConnections r = LoopbackConnectionsNotRunning(cc);
+  if (r.seen == 0) return 20;
+  return r.other_cc == 0 ? 0 : 21;
+}
+
 constexpr int kPingPongRounds = 200;
 
 // Answers each of kPingPongRounds SENDs with one, at once.
@@ -95,7 +139,24 @@ int EchoRounds(ChildPipe p, QpOpts o) {
   return 0;
 }
 
-class TcpPath : public VerbsTest {};
+class TcpPath : public VerbsTest {
+ protected:
+  // Connects `a` to the child running Echo, whose QP is `theirs`, and takes its answer to one SEND.
+  void ExchangeWithEcho(Qp* a, Buffer* b, ForkedPeer& child, const Remote& theirs) {
+    ASSERT_TRUE(child.Send(v.RemoteOf(a)));
+    ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+    ASSERT_EQ(PostRecv(a->qp, *b, 0, 64, 7), 0);
+    char ready;
+    ASSERT_TRUE(child.Recv(&ready));
+    ASSERT_EQ(PostSendMsg(a->qp, *b, 8, 8, 8), 0);
+    ibv_wc wc;
+    ASSERT_TRUE(PollOne(a->scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_TRUE(PollOne(a->rcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.wr_id, 7u);
+  }
+};
 
 // How many of `rounds` fresh runs of the TcpPath test `test`, on the TCP link, failed.
 int FailedRunsOnTcp(const std::string& test, int rounds, std::chrono::seconds bound) {
@@ -112,22 +173,51 @@ TEST_F(TcpPath, AnAnswerTravelsOnTheConnectionTheRequestCameOn) {
   Remote theirs;
   ASSERT_TRUE(child.Recv(&theirs));
   const int before = SocketsOpen();
-  ASSERT_TRUE(child.Send(v.RemoteOf(a)));
-  ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
-  ASSERT_EQ(PostRecv(a->qp, *b, 0, 64, 7), 0);
-  char ready;
-  ASSERT_TRUE(child.Recv(&ready));
-  ASSERT_EQ(PostSendMsg(a->qp, *b, 8, 8, 8), 0);
-  ibv_wc wc;
-  ASSERT_TRUE(PollOne(a->scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  ASSERT_TRUE(PollOne(a->rcq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 7u);
+  ASSERT_NO_FATAL_FAILURE(ExchangeWithEcho(a, b, child, theirs));
   // Ours, opened by the first SEND; the answer came on it (a second would be the peer's own).
   EXPECT_LE(SocketsOpen() - before, 1) << "the peer answered on a connection of its own";
   EXPECT_TRUE(child.Send('x'));
   EXPECT_EQ(child.Wait(), 0) << "the peer's side went wrong";
+}
+
+// Nothing is lost or queued on loopback for a congestion controller to react to, yet its hooks run
+// on every segment, inside the socket lock the receiver waits for: the link's connections there
+// run the cheapest (link::kLoopbackCongestionControl), whatever the system's default. The child
+// checks the side it accepted after answering; its exit status says which check failed.
+TEST_F(TcpPath, ConnectionsOnLoopbackRunTheCheapestCongestionControl) {
+  if (!ShmLinkOff()) GTEST_SKIP() << "TCP only: see TcpPathOnTcp";
+  Qp* a = v.NewQp(QpOpts{});
+  Buffer* b = Buf(64);
+  ASSERT_TRUE(a && b);
+  ForkedPeer child;
+  ASSERT_TRUE(child.Start([](int up, int down) {
+    return EchoOnCongestionControl(ChildPipe{up, down}, softrdma::link::kLoopbackCongestionControl);
+  }));
+  Remote theirs;
+  ASSERT_TRUE(child.Recv(&theirs));
+  ASSERT_NO_FATAL_FAILURE(ExchangeWithEcho(a, b, child, theirs));
+  const LoopbackConnections mine =
+      LoopbackConnectionsNotRunning(softrdma::link::kLoopbackCongestionControl);
+  EXPECT_GE(mine.seen, 1) << "no connection to the peer";
+  EXPECT_EQ(mine.other_cc, 0) << "the connection opened here";
+  EXPECT_TRUE(child.Send('x'));
+  EXPECT_EQ(child.Wait(), 0) << "the peer's side (20: no connection, 21: the one it accepted)";
+}
+
+TEST(TcpPathOnTcp, ConnectionsOnLoopbackRunTheCheapestCongestionControl) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedRunsOnTcp("TcpPath.ConnectionsOnLoopbackRunTheCheapestCongestionControl", 1,
+                            std::chrono::seconds(30)),
+            0);
+}
+
+TEST(SocketTuning, AConnectionStaysOnLoopbackToA127AddressOrToItsOwnAddress) {
+  using softrdma::link::StaysOnLoopback;
+  EXPECT_TRUE(StaysOnLoopback(0x7f000001, 0x7f000001));
+  EXPECT_TRUE(StaysOnLoopback(0xc0000202, 0x7f000105));  // 127/8 from any address
+  EXPECT_TRUE(StaysOnLoopback(0xc0000202, 0xc0000202));  // to its own address
+  EXPECT_FALSE(StaysOnLoopback(0xc0000202, 0xc0000203));
+  EXPECT_FALSE(StaysOnLoopback(0x0a000001, 0x0b000001));
 }
 
 struct Target {
