@@ -879,8 +879,8 @@ void Endpoint::Impl::AcceptAll() {
     if (fd < 0) return;
     sockaddr_in peer{};
     socklen_t len = sizeof peer;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0)
-      TuneSocket(fd, ntohl(peer.sin_addr.s_addr));
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) peer.sin_addr.s_addr = 0;
+    TuneSocket(fd, ntohl(peer.sin_addr.s_addr));  // a peer gone already: TCP_NODELAY only
     auto ch = std::make_shared<TcpChannel>(*this, fd);
     {
       std::lock_guard<std::mutex> g(mu);
