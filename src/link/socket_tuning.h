@@ -7,9 +7,9 @@ namespace softrdma::link {
 
 // The congestion control of connections that stay on this host's loopback device: Reno, the
 // kernel's own and cheapest, allowed to every user. On loopback nothing is ever lost or queued for
-// a congestion controller to react to, yet each segment runs its hooks, inside the socket's lock
-// that the receiver then waits for. TCP ib_write_lat 2 B with Reno, bench/ab_latency.sh: 0.963 of
-// BBR's (this machine's default), 0.981 of CUBIC's (Debian's).
+// a congestion controller to react to, yet each segment runs its hooks in the sender's softirq,
+// partly under the socket lock the receiver waits for. TCP ib_write_lat 2 B with Reno,
+// bench/ab_latency.sh: 0.963 of BBR's (this machine's default), 0.981 of CUBIC's (Debian's).
 inline constexpr char kLoopbackCongestionControl[] = "reno";
 
 // Whether a connection from `self_ip` to `peer_ip` (IPv4, host order) stays on the loopback
