@@ -875,12 +875,12 @@ void Endpoint::Impl::Retire(const std::shared_ptr<ServedChannel>& ch) {
 
 void Endpoint::Impl::AcceptAll() {
   for (int i = 0; i < 64; ++i) {
-    int fd = sys::Accept4(listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
     sockaddr_in peer{};
     socklen_t len = sizeof peer;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) peer.sin_addr.s_addr = 0;
-    TuneSocket(fd, ntohl(peer.sin_addr.s_addr));  // a peer gone already: TCP_NODELAY only
+    int fd = sys::Accept4(listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC,
+                          reinterpret_cast<sockaddr*>(&peer), &len);
+    if (fd < 0) return;
+    TuneSocket(fd, ntohl(peer.sin_addr.s_addr));
     auto ch = std::make_shared<TcpChannel>(*this, fd);
     {
       std::lock_guard<std::mutex> g(mu);

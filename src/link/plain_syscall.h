@@ -70,9 +70,10 @@ inline int Connect(int fd, const sockaddr* a, socklen_t len) {
   if constexpr (!kPlain) return ::connect(fd, a, len);
   return static_cast<int>(syscall(SYS_connect, fd, a, len));
 }
-inline int Accept4(int fd, int flags) {
-  if constexpr (!kPlain) return ::accept4(fd, nullptr, nullptr, flags);
-  return static_cast<int>(syscall(SYS_accept4, fd, nullptr, nullptr, flags));
+// `from`, when given, receives the peer's address (`*from_len` bytes at most).
+inline int Accept4(int fd, int flags, sockaddr* from = nullptr, socklen_t* from_len = nullptr) {
+  if constexpr (!kPlain) return ::accept4(fd, from, from_len, flags);
+  return static_cast<int>(syscall(SYS_accept4, fd, from, from_len, flags));
 }
 inline int Close(int fd) {
   if constexpr (!kPlain) return ::close(fd);

@@ -17,8 +17,8 @@ inline constexpr char kLoopbackCongestionControl[] = "reno";
 bool StaysOnLoopback(uint32_t self_ip, uint32_t peer_ip);
 
 // TCP_NODELAY, and kLoopbackCongestionControl when the connection stays on loopback. `fd` is
-// connected or connecting (its own address is bound); `peer_ip` is where it goes, host order (0:
-// unknown). Options the kernel refuses are left at their defaults: they change speed only.
+// connected or connecting (its own address is bound); `peer_ip` is where it goes, host order.
+// Options the kernel refuses are left at their defaults: they change speed only.
 void TuneSocket(int fd, uint32_t peer_ip);
 
 }  // namespace softrdma::link

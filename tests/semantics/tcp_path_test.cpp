@@ -27,18 +27,25 @@ namespace {
 
 using namespace semantics;
 
+// Calls `fn` with every file descriptor this process has open (the listing's own included).
+template <typename Fn>
+void ForEachOpenFd(Fn fn) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') fn(atoi(e->d_name));
+  closedir(d);
+}
+
 int SocketsOpen() {
   int n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  while (dirent* e = readdir(d)) {
+  ForEachOpenFd([&](int fd) {
     char target[64] = {};
-    std::string path = std::string("/proc/self/fd/") + e->d_name;
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
     if (readlink(path.c_str(), target, sizeof target - 1) > 0 &&
         std::strncmp(target, "socket:", 7) == 0)
       ++n;
-  }
-  closedir(d);
+  });
   return n;
 }
 
@@ -62,17 +69,13 @@ int Echo(ChildPipe p, QpOpts o) {
 // Bytes the kernel received on this process's TCP connections so far (TCP_INFO of every socket).
 uint64_t TcpBytesReceived() {
   uint64_t n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return 0;
-  while (dirent* e = readdir(d)) {
-    int fd = atoi(e->d_name);
+  ForEachOpenFd([&](int fd) {
     tcp_info info{};
     socklen_t len = sizeof info;
     if (fd > 2 && getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
         len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
       n += info.tcpi_bytes_received;
-  }
-  closedir(d);
+  });
   return n;
 }
 
@@ -84,10 +87,7 @@ struct LoopbackConnections {
 };
 LoopbackConnections LoopbackConnectionsNotRunning(const char* cc) {
   LoopbackConnections r;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return r;
-  while (dirent* e = readdir(d)) {
-    const int fd = atoi(e->d_name);
+  ForEachOpenFd([&](int fd) {
     tcp_info info{};
     socklen_t len = sizeof info;
     sockaddr_in self{}, peer{};
@@ -98,15 +98,14 @@ LoopbackConnections LoopbackConnectionsNotRunning(const char* cc) {
         getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
         peer.sin_family != AF_INET ||
         !softrdma::link::StaysOnLoopback(ntohl(self.sin_addr.s_addr), ntohl(peer.sin_addr.s_addr)))
-      continue;
+      return;
     char name[16] = {};  // the kernel's TCP_CA_NAME_MAX
     socklen_t name_len = sizeof name;
     ++r.seen;
     if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &name_len) != 0 ||
         std::strcmp(name, cc) != 0)
       ++r.other_cc;
-  }
-  closedir(d);
+  });
   return r;
 }
 
