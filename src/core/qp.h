@@ -205,6 +205,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // The same for a lone atomic whose local piece the MR cache answers: no WQE is made of it.
   bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
+  // And for a lone RDMA WRITE of one piece, inline or whose local key the MR cache answers.
+  bool TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // Copies an inline work request's pieces into `into` (their total checked against
   // max_inline_data by the caller) and returns their length. Empty pieces are skipped: they may
   // have no buffer at all, and a QP without inline room has no `into`.

@@ -328,6 +328,50 @@ TEST_F(DirectPost, AnInlineWriteGathersItsPieces) {
   EXPECT_EQ(std::memcmp(local->data() + 200, "abcdefgh", 8), 0);
 }
 
+// A lone inline WRITE is placed from its piece's address at post time
+// (Qp::TryPostDirectWriteLocked): no key is checked, and what the buffer holds afterwards does not
+// matter.
+TEST_F(DirectPost, ALoneInlineWriteTakesItsBytesAtPostTimeWithoutAKey) {
+  char bytes[] = "inline-1";
+  SendArgs s;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.wr_id = 35;
+  s.flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  s.sges = {ibv_sge{reinterpret_cast<uintptr_t>(bytes), 8, 0xdeadbeef}};
+  s.remote_addr = target.addr + 320;
+  s.rkey = target.rkey;
+  ASSERT_EQ(Post(q->qp, s), 0);
+  std::memcpy(bytes, "changed!", 8);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc.byte_len, 8u);
+  ASSERT_NO_FATAL_FAILURE(ReadBack(320, 8, 200));
+  EXPECT_EQ(std::memcmp(local->data() + 200, "inline-1", 8), 0);
+}
+
+// ibv_post_send(3): inline data beyond the QP's max_inline_data is refused at post time, with
+// nothing written and nothing completed, whichever path the WRITE would have taken.
+TEST_F(DirectPost, AnInlineWriteBeyondTheInlineRoomIsRefused) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(q->qp, &attr, IBV_QP_CAP, &init), 0);
+  const uint32_t len = init.cap.max_inline_data + 1;
+  std::vector<uint8_t> bytes(len, 0xa5);
+  SendArgs s;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.wr_id = 36;
+  s.flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  s.sges = {ibv_sge{reinterpret_cast<uintptr_t>(bytes.data()), len, 0}};
+  s.remote_addr = target.addr + 8192;
+  s.rkey = target.rkey;
+  EXPECT_EQ(Post(q->qp, s), EINVAL);
+  EXPECT_TRUE(Drain(q->scq).empty()) << "a refused WRITE completed";
+  ASSERT_NO_FATAL_FAILURE(ReadBack(8192, 1, 200));
+  EXPECT_EQ(local->data()[200], 0) << "a refused WRITE wrote";
+}
+
 // A WRITE with immediate takes the queue; the WRITE chained after it must wait its turn.
 TEST_F(DirectPost, WorkChainedBehindQueuedWorkCompletesInOrder) {
   std::vector<ibv_sge> sges(3);
