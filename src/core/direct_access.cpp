@@ -162,6 +162,7 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
       wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
   if (atomic && TryPostDirectAtomicLocked(wr, peer)) return true;
   if (wr.opcode == IBV_WR_RDMA_WRITE && TryPostDirectWriteLocked(wr, peer)) return true;
+  if (wr.opcode == IBV_WR_RDMA_READ && TryPostDirectReadLocked(wr, peer)) return true;
   if (ValidateWr(wr) != 0) return false;  // refused by the queue's path, which says how
   SendWqe w;
   w.wr_id = wr.wr_id;
@@ -216,14 +217,7 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
                  &window_memo_) != link::PeerWindows::Access::kDone ||
       !aligned)
     return false;
-  SendWqe w;
-  w.wr_id = wr.wr_id;
-  w.opcode = wr.opcode;
-  w.send_flags = wr.send_flags;
-  w.length = 8;
-  w.status = status;
-  PushSendCompletionLocked(w);
-  if (status != IBV_WC_SUCCESS) EnterErrorLocked();
+  PushDirectCompletionLocked(wr, 8, status);
   return true;
 }
 
@@ -248,16 +242,43 @@ bool Qp::TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer
   if (peer->With(wr.wr.rdma.rkey, attr_.dest_qp_num, wr.wr.rdma.remote_addr, len,
                  IBV_ACCESS_REMOTE_WRITE, op, &window_memo_) != link::PeerWindows::Access::kDone)
     return false;
-  if (sq_sig_all_ || (wr.send_flags & IBV_SEND_SIGNALED)) {
-    SendWqe w;
-    w.wr_id = wr.wr_id;
-    w.opcode = wr.opcode;
-    w.send_flags = wr.send_flags;
-    w.length = len;
-    w.status = IBV_WC_SUCCESS;
-    PushSendCompletionLocked(w);
-  }
+  PushDirectCompletionLocked(wr, len, IBV_WC_SUCCESS);
   return true;
+}
+
+// The same for a lone RDMA READ of one piece (ib_read_bw's case).
+bool Qp::TryPostDirectReadLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
+  const ibv_sge* s = wr.sg_list;
+  if (wr.num_sge != 1 || !s || cap_.max_send_sge == 0 || s->length == 0 ||
+      s->length > kMaxMsgSize || (wr.send_flags & IBV_SEND_INLINE))
+    return false;
+  const uint32_t len = s->length;
+  uint8_t* local =
+      hca_.mrs().ResolveLocalCached(s->lkey, pd_, s->addr, len, IBV_ACCESS_LOCAL_WRITE, mr_cache_);
+  if (!local) return false;
+  // Into pages of ours the application may have made read-only (link/placement_guard.h): refused,
+  // the READ goes the general way, which fails it.
+  bool placed = false;
+  auto op = [&](uint8_t* remote) { placed = link::PlaceGuarded(local, remote, len); };
+  if (peer->With(wr.wr.rdma.rkey, attr_.dest_qp_num, wr.wr.rdma.remote_addr, len,
+                 IBV_ACCESS_REMOTE_READ, op, &window_memo_) != link::PeerWindows::Access::kDone ||
+      !placed)
+    return false;
+  PushDirectCompletionLocked(wr, len, IBV_WC_SUCCESS);
+  return true;
+}
+
+// The completion of a work request done by one of the paths above, as the queue's would be.
+void Qp::PushDirectCompletionLocked(const ibv_send_wr& wr, uint32_t length, ibv_wc_status status) {
+  if (status == IBV_WC_SUCCESS && !sq_sig_all_ && !(wr.send_flags & IBV_SEND_SIGNALED)) return;
+  SendWqe w;
+  w.wr_id = wr.wr_id;
+  w.opcode = wr.opcode;
+  w.send_flags = wr.send_flags;
+  w.length = length;
+  w.status = status;
+  PushSendCompletionLocked(w);
+  if (status != IBV_WC_SUCCESS) EnterErrorLocked();
 }
 
 }  // namespace softrdma::core

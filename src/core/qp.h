@@ -207,6 +207,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // And for a lone RDMA WRITE of one piece, inline or whose local key the MR cache answers.
   bool TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
+  // And for a lone RDMA READ of one piece whose local key the MR cache answers.
+  bool TryPostDirectReadLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
+  // The send completion of a work request one of those did (signaled, or failed), as the queue's.
+  void PushDirectCompletionLocked(const ibv_send_wr& wr, uint32_t length, ibv_wc_status status);
   // Copies an inline work request's pieces into `into` (their total checked against
   // max_inline_data by the caller) and returns their length. Empty pieces are skipped: they may
   // have no buffer at all, and a QP without inline room has no `into`.

@@ -462,6 +462,29 @@ TEST_F(DirectPost, AnAtomicIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
 }
 
+// So is a lone READ of one piece (Qp::TryPostDirectReadLocked): into a region the cache holds from
+// a WRITE, but without IBV_ACCESS_LOCAL_WRITE, it fails as the queue's path would fail it, and
+// leaves the region as it was.
+TEST_F(DirectPost, AReadIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
+  Buffer* readonly = Buf(4096, 0);
+  ASSERT_NE(readonly, nullptr);
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *readonly, 0, 8, target.addr, target.rkey, 83), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  for (size_t i = 0; i < 8; ++i) local->data()[i] = 0x3c;
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr + 64, target.rkey, 84), 0);
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_READ, *readonly, 16, 8, target.addr + 64, target.rkey, 85),
+            0);
+  wc = ibv_wc{};
+  ASSERT_TRUE(PollOne(q->scq, &wc));
+  EXPECT_EQ(wc.wr_id, 85u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
+  EXPECT_EQ(readonly->data()[16], 0) << "the READ wrote into a region without local write";
+}
+
 TEST_F(DirectPost, ABadLocalKeyStillFailsAsTheQueueWouldReportIt) {
   SendArgs s;
   s.opcode = IBV_WR_RDMA_WRITE;
