@@ -105,6 +105,16 @@ class DirectPost : public VerbsTest {
     ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
   }
 
+  // WRITEs `len` bytes of `from` at `at` to the peer's buffer at `off`, and sees it succeed.
+  void WriteFrom(Buffer& from, size_t at, uint32_t len, size_t off, uint64_t wr_id) {
+    ASSERT_EQ(
+        PostRdma(q->qp, IBV_WR_RDMA_WRITE, from, at, len, target.addr + off, target.rkey, wr_id),
+        0);
+    ibv_wc wc{};
+    ASSERT_TRUE(PollOne(q->scq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  }
+
   // Stops the peer (a direct operation needs nothing of it; a frame waits for its answer).
   void StopPeer() {
     ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
@@ -449,14 +459,11 @@ TEST_F(DirectPostReRegistered, ARegionMovedElsewhereIsNoLongerReachedAtItsOldPla
 TEST_F(DirectPost, AnAtomicIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
   Buffer* readonly = Buf(4096, 0);
   ASSERT_NE(readonly, nullptr);
-  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *readonly, 0, 8, target.addr, target.rkey, 81), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_NO_FATAL_FAILURE(WriteFrom(*readonly, 0, 8, 0, 81));
   ASSERT_EQ(PostAtomic(q->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *readonly, 8, target.addr, target.rkey,
                        1, 0, 82),
             0);
-  wc = ibv_wc{};
+  ibv_wc wc{};
   ASSERT_TRUE(PollOne(q->scq, &wc));
   EXPECT_EQ(wc.wr_id, 82u);
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
@@ -468,17 +475,12 @@ TEST_F(DirectPost, AnAtomicIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
 TEST_F(DirectPost, AReadIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
   Buffer* readonly = Buf(4096, 0);
   ASSERT_NE(readonly, nullptr);
-  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *readonly, 0, 8, target.addr, target.rkey, 83), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_NO_FATAL_FAILURE(WriteFrom(*readonly, 0, 8, 0, 83));
   for (size_t i = 0; i < 8; ++i) local->data()[i] = 0x3c;
-  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 8, target.addr + 64, target.rkey, 84), 0);
-  ASSERT_TRUE(PollOne(q->scq, &wc));
-  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  ASSERT_NO_FATAL_FAILURE(WriteFrom(*local, 0, 8, 64, 84));
   ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_READ, *readonly, 16, 8, target.addr + 64, target.rkey, 85),
             0);
-  wc = ibv_wc{};
+  ibv_wc wc{};
   ASSERT_TRUE(PollOne(q->scq, &wc));
   EXPECT_EQ(wc.wr_id, 85u);
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
