@@ -76,7 +76,7 @@ class DirectPost : public VerbsTest {
   void SetUp() override {
     VerbsTest::SetUp();
     QpOpts o;
-    ASSERT_NO_FATAL_FAILURE(ChooseCqs(&o));
+    ASSERT_NO_FATAL_FAILURE(ChooseOpts(&o));
     q = v.NewQp(o);
     ASSERT_NE(q, nullptr);
     local = Buf(kBytes);
@@ -123,8 +123,8 @@ class DirectPost : public VerbsTest {
     ASSERT_TRUE(WIFSTOPPED(st));
   }
 
-  // The CQs of the parent's QP (default: fresh ones).
-  virtual void ChooseCqs(QpOpts*) {}
+  // The options of the parent's QP (default: QpOpts{}, with fresh CQs).
+  virtual void ChooseOpts(QpOpts*) {}
 
   size_t target_offset = 0;  // where the peer's region starts in its first page
   Qp* q = nullptr;
@@ -165,11 +165,35 @@ TEST_F(DirectPostUnaligned, TheWholePagesOfARegionAreReachedDirectly) {
   EXPECT_EQ(edge.status, IBV_WC_SUCCESS) << WcStr(edge);
 }
 
+// A QP made with sq_sig_all: every work request completes, signaled or not, whichever path does it
+// (the WQE-less ones decide that themselves: Qp::PushDirectCompletionLocked).
+class DirectPostSignalAll : public DirectPost {
+ protected:
+  void ChooseOpts(QpOpts* o) override { o->sq_sig_all = true; }
+};
+
+TEST_F(DirectPostSignalAll, UnsignaledWritesReadsAndAtomicsComplete) {
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_WRITE, *local, 0, 64, target.addr, target.rkey, 91, 0), 0);
+  ASSERT_EQ(PostRdma(q->qp, IBV_WR_RDMA_READ, *local, 4096, 64, target.addr, target.rkey, 92, 0),
+            0);
+  ASSERT_EQ(PostAtomic(q->qp, IBV_WR_ATOMIC_FETCH_AND_ADD, *local, 8192, target.addr + 1024,
+                       target.rkey, 1, 0, 93, 0),
+            0);
+  auto wcs = PollN(q->scq, 3);
+  ASSERT_EQ(wcs.size(), 3u) << "unsignaled work on a sq_sig_all QP did not complete";
+  const ibv_wc_opcode opcodes[3] = {IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_FETCH_ADD};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << WcStr(wcs[i]);
+    EXPECT_EQ(wcs[i].wr_id, uint64_t(91 + i));
+    EXPECT_EQ(wcs[i].opcode, opcodes[i]);
+  }
+}
+
 // One extended CQ for the QP's sends and receives, with a completion channel, as ibv_rc_pingpong
 // -t -e has.
 class DirectPostCqEx : public DirectPost {
  protected:
-  void ChooseCqs(QpOpts* o) override {
+  void ChooseOpts(QpOpts* o) override {
     channel = v.NewChannel();
     ASSERT_NE(channel, nullptr) << strerror(errno);
     cq = v.NewCqEx(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, 512, channel);
