@@ -221,9 +221,10 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
   return true;
 }
 
-// ib_write_bw's case: the generic checks and the WQE made of the work request were half of the
-// library's time per small WRITE. Anything unusual (more pieces, an empty one, a key the cache
-// does not answer, inline data beyond max_inline_data) goes the general way.
+// ib_write_bw's case: the generic checks and the WQE made of the work request were ~40 % of the
+// library's time per small WRITE (the two locked instructions of the window access most of the
+// rest). Anything unusual (more pieces, an empty one, a key the cache does not answer, inline
+// data beyond max_inline_data) goes the general way.
 bool Qp::TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
   const ibv_sge* s = wr.sg_list;
   if (wr.num_sge != 1 || !s || cap_.max_send_sge == 0 || s->length == 0 || s->length > kMaxMsgSize)
