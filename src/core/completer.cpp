@@ -74,8 +74,7 @@ void Qp::RetireLocked() {
 }
 
 void Qp::PushSendCompletionLocked(const SendWqe& w) {
-  // Errors always complete, even unsignaled (IBTA 10.7.3.1).
-  if (w.status == IBV_WC_SUCCESS && !sq_sig_all_ && !(w.send_flags & IBV_SEND_SIGNALED)) return;
+  if (!CompletesLocked(w.status, w.send_flags)) return;
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = w.status;

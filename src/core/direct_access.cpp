@@ -161,8 +161,9 @@ bool Qp::TryPostDirectLocked(const ibv_send_wr& wr) {
   const bool atomic =
       wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
   if (atomic && TryPostDirectAtomicLocked(wr, peer)) return true;
-  if (wr.opcode == IBV_WR_RDMA_WRITE && TryPostDirectWriteLocked(wr, peer)) return true;
-  if (wr.opcode == IBV_WR_RDMA_READ && TryPostDirectReadLocked(wr, peer)) return true;
+  if ((wr.opcode == IBV_WR_RDMA_WRITE || wr.opcode == IBV_WR_RDMA_READ) &&
+      TryPostDirectRdmaLocked(wr, peer))
+    return true;
   if (ValidateWr(wr) != 0) return false;  // refused by the queue's path, which says how
   SendWqe w;
   w.wr_id = wr.wr_id;
@@ -221,48 +222,39 @@ bool Qp::TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* pee
   return true;
 }
 
-// ib_write_bw's case: the generic checks and the WQE made of the work request were ~40 % of the
-// library's time per small WRITE (the two locked instructions of the window access most of the
-// rest). Anything unusual (more pieces, an empty one, a key the cache does not answer, inline
-// data beyond max_inline_data) goes the general way.
-bool Qp::TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
+// ib_write_bw's and ib_read_bw's case: the generic checks and the WQE made of the work request
+// were ~40 % of the library's time per small WRITE (the two locked instructions of the window
+// access most of the rest). Anything unusual (more pieces, an empty one, a key the cache does not
+// answer, inline data beyond max_inline_data, an inline READ) goes the general way.
+bool Qp::TryPostDirectRdmaLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
   const ibv_sge* s = wr.sg_list;
   if (wr.num_sge != 1 || !s || cap_.max_send_sge == 0 || s->length == 0 || s->length > kMaxMsgSize)
     return false;
   const uint32_t len = s->length;
-  const uint8_t* local;
+  const bool read = wr.opcode == IBV_WR_RDMA_READ;
+  uint8_t* local;
   if (wr.send_flags & IBV_SEND_INLINE) {
     // ibv_post_send(3): inline data is read from the pieces' addresses, their keys unchecked.
-    if (len > cap_.max_inline_data) return false;
-    local = reinterpret_cast<const uint8_t*>(s->addr);
+    if (read || len > cap_.max_inline_data) return false;
+    local = reinterpret_cast<uint8_t*>(s->addr);
   } else {
-    local = hca_.mrs().ResolveLocalCached(s->lkey, pd_, s->addr, len, 0, mr_cache_);
+    // A WRITE's source needs no right; a READ's target local write.
+    local = hca_.mrs().ResolveLocalCached(s->lkey, pd_, s->addr, len,
+                                          read ? IBV_ACCESS_LOCAL_WRITE : 0, mr_cache_);
     if (!local) return false;
   }
-  auto op = [&](uint8_t* remote) { link::PlaceBytes(remote, local, len); };
+  bool placed = true;
+  auto op = [&](uint8_t* remote) {
+    // A READ lands in pages of ours the application may have made read-only
+    // (link/placement_guard.h): refused, it goes the general way, which fails it.
+    if (read)
+      placed = link::PlaceGuarded(local, remote, len);
+    else
+      link::PlaceBytes(remote, local, len);
+  };
   if (peer->With(wr.wr.rdma.rkey, attr_.dest_qp_num, wr.wr.rdma.remote_addr, len,
-                 IBV_ACCESS_REMOTE_WRITE, op, &window_memo_) != link::PeerWindows::Access::kDone)
-    return false;
-  PushDirectCompletionLocked(wr, len, IBV_WC_SUCCESS);
-  return true;
-}
-
-// The same for a lone RDMA READ of one piece (ib_read_bw's case).
-bool Qp::TryPostDirectReadLocked(const ibv_send_wr& wr, link::PeerWindows* peer) {
-  const ibv_sge* s = wr.sg_list;
-  if (wr.num_sge != 1 || !s || cap_.max_send_sge == 0 || s->length == 0 ||
-      s->length > kMaxMsgSize || (wr.send_flags & IBV_SEND_INLINE))
-    return false;
-  const uint32_t len = s->length;
-  uint8_t* local =
-      hca_.mrs().ResolveLocalCached(s->lkey, pd_, s->addr, len, IBV_ACCESS_LOCAL_WRITE, mr_cache_);
-  if (!local) return false;
-  // Into pages of ours the application may have made read-only (link/placement_guard.h): refused,
-  // the READ goes the general way, which fails it.
-  bool placed = false;
-  auto op = [&](uint8_t* remote) { placed = link::PlaceGuarded(local, remote, len); };
-  if (peer->With(wr.wr.rdma.rkey, attr_.dest_qp_num, wr.wr.rdma.remote_addr, len,
-                 IBV_ACCESS_REMOTE_READ, op, &window_memo_) != link::PeerWindows::Access::kDone ||
+                 read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE, op,
+                 &window_memo_) != link::PeerWindows::Access::kDone ||
       !placed)
     return false;
   PushDirectCompletionLocked(wr, len, IBV_WC_SUCCESS);
@@ -271,7 +263,7 @@ bool Qp::TryPostDirectReadLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
 
 // The completion of a work request done by one of the paths above, as the queue's would be.
 void Qp::PushDirectCompletionLocked(const ibv_send_wr& wr, uint32_t length, ibv_wc_status status) {
-  if (status == IBV_WC_SUCCESS && !sq_sig_all_ && !(wr.send_flags & IBV_SEND_SIGNALED)) return;
+  if (!CompletesLocked(status, wr.send_flags)) return;  // before the WQE is made: most do not
   SendWqe w;
   w.wr_id = wr.wr_id;
   w.opcode = wr.opcode;

@@ -205,10 +205,9 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // The same for a lone atomic whose local piece the MR cache answers: no WQE is made of it.
   bool TryPostDirectAtomicLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
-  // And for a lone RDMA WRITE of one piece, inline or whose local key the MR cache answers.
-  bool TryPostDirectWriteLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
-  // And for a lone RDMA READ of one piece whose local key the MR cache answers.
-  bool TryPostDirectReadLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
+  // And for a lone RDMA WRITE or READ of one piece, inline (a WRITE) or whose local key the MR
+  // cache answers.
+  bool TryPostDirectRdmaLocked(const ibv_send_wr& wr, link::PeerWindows* peer);
   // The send completion of a work request one of those did (signaled, or failed), as the queue's.
   void PushDirectCompletionLocked(const ibv_send_wr& wr, uint32_t length, ibv_wc_status status);
   // Copies an inline work request's pieces into `into` (their total checked against
@@ -287,6 +286,11 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void CompleteSendWqeLocked(SendWqe& w, ibv_wc_status st);
   // The send completion of a finished WQE, when it is signaled or failed.
   void PushSendCompletionLocked(const SendWqe& w);
+  // Whether send work that ended with `status` completes: errors always do, even unsignaled (IBTA
+  // 10.7.3.1); successes when signaled, or on a QP that signals all.
+  bool CompletesLocked(ibv_wc_status status, unsigned send_flags) const {
+    return status != IBV_WC_SUCCESS || sq_sig_all_ || (send_flags & IBV_SEND_SIGNALED);
+  }
   void RetireLocked();
   void AckUpToLocked(size_t idx_exclusive);
   void FailHeadLocked(size_t idx, ibv_wc_status st);

@@ -363,7 +363,7 @@ TEST_F(DirectPost, AnInlineWriteGathersItsPieces) {
 }
 
 // A lone inline WRITE is placed from its piece's address at post time
-// (Qp::TryPostDirectWriteLocked): no key is checked, and what the buffer holds afterwards does not
+// (Qp::TryPostDirectRdmaLocked): no key is checked, and what the buffer holds afterwards does not
 // matter.
 TEST_F(DirectPost, ALoneInlineWriteTakesItsBytesAtPostTimeWithoutAKey) {
   char bytes[] = "inline-1";
@@ -493,7 +493,7 @@ TEST_F(DirectPost, AnAtomicIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << WcStr(wc);
 }
 
-// So is a lone READ of one piece (Qp::TryPostDirectReadLocked): into a region the cache holds from
+// So is a lone READ of one piece (Qp::TryPostDirectRdmaLocked): into a region the cache holds from
 // a WRITE, but without IBV_ACCESS_LOCAL_WRITE, it fails as the queue's path would fail it, and
 // leaves the region as it was.
 TEST_F(DirectPost, AReadIntoARegionWithoutLocalWriteFailsAfterAWriteFromIt) {
