@@ -414,7 +414,9 @@ bool Qp::TryPostDirectSendLocked(const ibv_send_wr& wr, link::PeerWindows* peer)
     length += g.length;
     if (g.length == 0) continue;
     local[n] = inline_data ? reinterpret_cast<uint8_t*>(g.addr) : ResolveLocalPieceLocked(g, 0);
-    if (!local[n]) return false;
+    // A source the application took away since it registered it is read only once the peer's
+    // WQE is taken, too late to refuse: the long way fails it (requester.cpp).
+    if (!local[n] || (!inline_data && !link::Readable(local[n], g.length))) return false;
     lens[n++] = g.length;
   }
   w.sge = wr.sg_list;

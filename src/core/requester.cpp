@@ -10,6 +10,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/qp.h"
+#include "link/placement_guard.h"
 
 namespace softrdma::core {
 namespace {
@@ -112,7 +113,11 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
         if (s.length == 0) continue;
         uint8_t* host = hca_.mrs().Resolve(s.lkey, pd_, s.addr, s.length, 0, true, &why, 0, nullptr,
                                            &mr_cache_);
-        if (!host) return IBV_WC_LOC_PROT_ERR;
+        // Pages the application unmapped or made inaccessible since it registered them: the
+        // send would fault (a TCP send fails with EFAULT, the connection with it) or, in one
+        // process, the responder would blame itself. The sender's error, as an on-demand
+        // region's page fault.
+        if (!host || !link::Readable(host, s.length)) return IBV_WC_LOC_PROT_ERR;
         f.AddPayload(host, s.length);
       }
     }

@@ -33,6 +33,9 @@ inline void PlaceBytesWide(void* dst, const void* src, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   size_t i = n > kPlaceTailBytes ? n - kPlaceTailBytes : 0;
+  // Where a caller bounds n (a branch on its size), GCC expands this memcpy inline as rep movsq,
+  // slower than glibc's below 2-3 KiB: ib_write_bw 1 KiB 32 -> 25 M msgs/s. The bound is hidden.
+  asm("" : "+r"(i));
   if (i) std::memcpy(d, s, i);
   OrderStores();  // the bulk is complete before the tail
   // The tail through volatile stores, each one instruction: no memcpy here (its small copies

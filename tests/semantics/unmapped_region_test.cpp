@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -371,6 +372,146 @@ TEST(UnmappedRegionOnTcp, APeerProcessReadsPagesItsOwnerUnmapped) {
 TEST(UnmappedRegionOnTcp, APeerProcessTakesAccessesToPagesItUnmapped) {
   if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
   EXPECT_EQ(FailedFreshRuns("UnmappedRegion.APeerProcessTakesAccessesToPagesItUnmapped", 1,
+                            std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
+            0);
+}
+
+// A source the application took away after registering it: made inaccessible (PROT_NONE) or
+// unmapped. The request fails as the sender's (LOC_PROT_ERR, as a page fault of an on-demand
+// region on the requester's side), nothing reaches the peer, and the process lives on. Before, the
+// copy's SIGSEGV killed a same-host peer's requester, TCP took the failed send for a dead
+// connection (RETRY_EXC_ERR), and in one process the responder's refusal blamed the responder
+// (REM_ACCESS_ERR, REM_OP_ERR).
+enum class Gone { kInaccessible, kUnmapped };
+bool TakeAway(UnmappedPages& p, Gone how) {
+  return how == Gone::kUnmapped ? p.Unmap() : mprotect(p.base, p.len, PROT_NONE) == 0;
+}
+std::string Trace(const char* request, Gone how) {
+  return std::string(request) + (how == Gone::kUnmapped ? ", unmapped" : ", PROT_NONE");
+}
+
+// The requests from a source gone: a WRITE of one piece (small, and large enough to be copied
+// differently), of two pieces (the gone one first) and a SEND, larger than a receive slot holds
+// and within it.
+struct FromGone {
+  const char* name;
+  ibv_wr_opcode opcode;
+  uint32_t len;
+  bool two_pieces;
+};
+constexpr FromGone kFromGone[] = {{"WRITE", IBV_WR_RDMA_WRITE, 64, false},
+                                  {"WRITE of a page", IBV_WR_RDMA_WRITE, 4096, false},
+                                  {"WRITE of two pieces", IBV_WR_RDMA_WRITE, 64, true},
+                                  {"SEND", IBV_WR_SEND, 64, false},
+                                  {"SEND within a slot", IBV_WR_SEND, 16, false}};
+
+// Where the target's bytes go: the request from the source gone WRITEs at 0 and SENDs into a
+// receive at kGoneRecv; the same request made first, while the source is there, lands at
+// kFirstLands and in a receive there. That first request settles the QP's path, the local key in
+// its cache and the peer's receive queue, so that the second takes the paths a running
+// application's would (a QP's first request goes by frames).
+constexpr size_t kGoneRecv = 4096, kFirstLands = 8192, kTargetBytes = 12288;
+
+SendArgs RequestFrom(const FromGone& r, const UnmappedPages& gone, const Buffer& mapped,
+                     uint64_t remote_addr, uint32_t rkey, uint64_t wr_id) {
+  SendArgs s;
+  s.opcode = r.opcode;
+  s.wr_id = wr_id;
+  s.sges = {ibv_sge{gone.addr(0), r.len, gone.mr->lkey}};
+  if (r.two_pieces) s.sges.push_back(mapped.Sge(0, r.len));
+  s.remote_addr = remote_addr;
+  s.rkey = rkey;
+  return s;
+}
+
+// Whether nothing landed in the target's bytes before kFirstLands.
+bool NothingLanded(const uint8_t* target) {
+  return std::count(target, target + kFirstLands, 0) == kFirstLands;
+}
+
+// The first request (wr_id 1) and, once `gone` is taken away `how`, the second (wr_id 2) into
+// `remote` (the target's base) with `rkey`; the second's completion status.
+int FirstAndGone(Qp* a, const FromGone& r, UnmappedPages& gone, const Buffer& mapped, Gone how,
+                 uint64_t remote, uint32_t rkey) {
+  ibv_wc wc{};
+  if (Post(a->qp, RequestFrom(r, gone, mapped, remote + kFirstLands, rkey, 1)) ||
+      !PollOne(a->scq, &wc) || wc.status != IBV_WC_SUCCESS || !TakeAway(gone, how) ||
+      Post(a->qp, RequestFrom(r, gone, mapped, remote, rkey, 2)) || !PollOne(a->scq, &wc))
+    return -1;
+  return wc.status;
+}
+
+TEST_F(UnmappedRegion, ARequestFromASourceGoneIsTheSendersError) {
+  for (Gone how : {Gone::kInaccessible, Gone::kUnmapped}) {
+    for (const FromGone& r : kFromGone) {
+      SCOPED_TRACE(Trace(r.name, how));
+      UnmappedPages gone(v.pd, kPage);
+      Buffer* mapped = Buf(4096);
+      Buffer* target = Buf(kTargetBytes);
+      ASSERT_TRUE(gone.mr && mapped && target) << strerror(errno);
+      target->Fill(0);
+      Qp *a, *b;
+      Pair(QpOpts{}, &a, &b);
+      ASSERT_EQ(PostRecv(b->qp, *target, kFirstLands, 1024, 1), 0);
+      ASSERT_EQ(PostRecv(b->qp, *target, kGoneRecv, 1024, 2), 0);
+      EXPECT_EQ(FirstAndGone(a, r, gone, *mapped, how, target->addr(0), target->rkey()),
+                IBV_WC_LOC_PROT_ERR);
+      EXPECT_TRUE(NothingLanded(target->data()));
+      ibv_wc wc{};
+      if (r.opcode == IBV_WR_SEND) {
+        ASSERT_TRUE(PollOne(b->rcq, &wc)) << "the first SEND's receive";
+      }
+      if (ibv_poll_cq(b->rcq, 1, &wc) == 1) {
+        EXPECT_NE(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+      }
+    }
+  }
+}
+
+// The same towards a peer process: over the shared-memory link the direct paths (one piece, the
+// general one, a SEND), into arena pages (a private page is not the peer's to write directly);
+// over TCP (the fresh run below) the frames. The peer checks that nothing landed in its pages and
+// that only the first SEND's receive completed.
+int NothingLandsTarget(ChildPipe p) {
+  ChildQp c;
+  if (int e = c.Connect(p, QpOpts{}, 64)) return e;
+  UnmappedPages target(c.v.pd, kArenaBytes);
+  if (!target.mr) return 14;
+  const uint32_t key = target.mr->lkey;
+  if (PostRecvSge(c.q->qp, ibv_sge{target.addr(kFirstLands), 1024, key}, 1) ||
+      PostRecvSge(c.q->qp, ibv_sge{target.addr(kGoneRecv), 1024, key}, 2))
+    return 15;
+  if (!p.Send(PeerTargets{target.addr(0), 0, target.mr->rkey, 0})) return 16;
+  char sends;
+  if (!p.Recv(&sends)) return 17;
+  ibv_wc wc{};
+  if (sends == 's' && (!PollOne(c.q->rcq, &wc) || wc.wr_id != 1)) return 18;
+  if (ibv_poll_cq(c.q->rcq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS) return 20;
+  return NothingLanded(target.base) ? 0 : 21;
+}
+
+TEST_F(UnmappedRegion, APeerProcessGetsNothingFromASourceGone) {
+  for (Gone how : {Gone::kInaccessible, Gone::kUnmapped}) {
+    for (const FromGone& r : kFromGone) {
+      SCOPED_TRACE(Trace(r.name, how));
+      Qp* a = v.NewQp(QpOpts{});
+      UnmappedPages gone(v.pd, kPage);
+      Buffer* mapped = Buf(4096);
+      ASSERT_TRUE(a && gone.mr && mapped) << strerror(errno);
+      ForkedPeer child;
+      PeerTargets t;
+      ASSERT_TRUE(StartPeer(child, NothingLandsTarget, a, &t));
+      EXPECT_EQ(FirstAndGone(a, r, gone, *mapped, how, t.arena, t.arena_rkey), IBV_WC_LOC_PROT_ERR);
+      EXPECT_TRUE(child.Send(r.opcode == IBV_WR_SEND ? 's' : 'w'));
+      EXPECT_EQ(child.Wait(), 0) << "18: no first receive, 20: the second completed, 21: bytes "
+                                    "landed";
+    }
+  }
+}
+
+TEST(UnmappedRegionOnTcp, APeerProcessGetsNothingFromASourceGone) {
+  if (kFreshRunsSkipped) GTEST_SKIP() << "see kFreshRunsSkipped";
+  EXPECT_EQ(FailedFreshRuns("UnmappedRegion.APeerProcessGetsNothingFromASourceGone", 1,
                             std::chrono::seconds(60), {"SOFTRDMA_LINK=tcp"}),
             0);
 }
