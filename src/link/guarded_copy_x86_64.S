@@ -45,19 +45,45 @@
 softrdma_guarded_begin:
 
 // {0, 1} softrdma_guarded_place(void* dst /* rdi */, const void* src /* rsi */, size_t n /* rdx */)
-// As link::PlaceBytes: every byte once, ascending; all but the last 64 bytes first (rep movsb from
-// 256 bytes on, as glibc's memcpy does at those sizes here, words below), then the last 64 bytes:
-// byte stores up to an 8-byte boundary, aligned 8-byte stores, byte stores.
+// As link::PlaceBytes: every byte once, ascending; all but the last 64 bytes first, then the last
+// 64 bytes: byte stores up to an 8-byte boundary, aligned 8-byte stores, byte stores.
+// The bulk goes by rep movsb from 1 KiB on, below by 16-byte SSE2 moves, four a round (rep movsb
+// starts slowly: 8.4-10 ns for 128-512 bytes against 2.4-5.7 ns, here; the words this loop had
+// took 6.3 ns for 256 bytes, 14 ns for 512, and ib_read_bw 512 B ran at 0.82 of ib_write_bw).
 	.type softrdma_guarded_place, @function
 softrdma_guarded_place:
 	cmpq	$64, %rdx
 	jbe	.Ltail
 	leaq	-64(%rdx), %rcx
 	movl	$64, %edx
-	cmpq	$256, %rcx
-	jb	.Lbulk_words
+	cmpq	$1024, %rcx
+	jb	.Lbulk_vectors
 	rep movsb
 	jmp	.Ltail
+.Lbulk_vectors:
+	cmpq	$64, %rcx
+	jb	.Lbulk_sixteens
+	movdqu	(%rsi), %xmm0
+	movdqu	16(%rsi), %xmm1
+	movdqu	32(%rsi), %xmm2
+	movdqu	48(%rsi), %xmm3
+	movdqu	%xmm0, (%rdi)
+	movdqu	%xmm1, 16(%rdi)
+	movdqu	%xmm2, 32(%rdi)
+	movdqu	%xmm3, 48(%rdi)
+	addq	$64, %rsi
+	addq	$64, %rdi
+	subq	$64, %rcx
+	jmp	.Lbulk_vectors
+.Lbulk_sixteens:
+	cmpq	$16, %rcx
+	jb	.Lbulk_words
+	movdqu	(%rsi), %xmm0
+	movdqu	%xmm0, (%rdi)
+	addq	$16, %rsi
+	addq	$16, %rdi
+	subq	$16, %rcx
+	jmp	.Lbulk_sixteens
 .Lbulk_words:
 	COPY_WORDS %rcx
 	COPY_BYTES %rcx

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -53,7 +54,8 @@ TEST_F(PlacementGuard, AccessesToAReadOnlyPageFailAndWriteNothing) {
   const uint64_t before = *word;
   uint64_t orig = 1;
   EXPECT_FALSE(GuardedPlace(ro.p + 8, src.data(), 100));
-  EXPECT_FALSE(GuardedPlace(ro.p, src.data(), kPage));  // the rep movsb bulk
+  EXPECT_FALSE(GuardedPlace(ro.p + 8, src.data(), 500));  // the bulk's 64-byte rounds
+  EXPECT_FALSE(GuardedPlace(ro.p, src.data(), kPage));    // the rep movsb bulk
   EXPECT_FALSE(GuardedStore8(ro.p + 3, 42));
   EXPECT_FALSE(GuardedCompareSwap(word, before, 7, &orig));      // would swap
   EXPECT_FALSE(GuardedCompareSwap(word, before + 1, 7, &orig));  // would not: faults all the same
@@ -64,8 +66,34 @@ TEST_F(PlacementGuard, AccessesToAReadOnlyPageFailAndWriteNothing) {
 TEST_F(PlacementGuard, ReadingAnInaccessiblePageFails) {
   Pages none(1, PROT_NONE);
   ASSERT_NE(none.p, nullptr);
-  std::vector<uint8_t> to(64, 0);
+  std::vector<uint8_t> to(kPage, 0);
   EXPECT_FALSE(GuardedPlace(to.data(), none.p, 64));
+  EXPECT_FALSE(GuardedPlace(to.data(), none.p, 500));
+  EXPECT_FALSE(GuardedPlace(to.data(), none.p, kPage));
+}
+
+// Every length from nothing to past where the bulk turns to rep movsb, from and to every
+// alignment within a word and a vector: the bytes are the source's, and not one byte beside them
+// is written.
+TEST_F(PlacementGuard, EveryLengthAndAlignmentIsCopiedExactly) {
+  constexpr size_t kMaxLen = 1200, kSlack = 32;
+  std::vector<uint8_t> to(kMaxLen + 2 * kSlack);
+  for (size_t len = 0; len <= kMaxLen; len += len < 200 ? 1 : 7) {
+    for (size_t to_off : {0, 1, 7, 8, 15, 17}) {
+      for (size_t from_off : {0, 3, 8, 16}) {
+        std::fill(to.begin(), to.end(), 0xee);
+        uint8_t* d = to.data() + kSlack + to_off;
+        ASSERT_TRUE(GuardedPlace(d, src.data() + from_off, len));
+        ASSERT_EQ(std::memcmp(d, src.data() + from_off, len), 0)
+            << len << " bytes to +" << to_off << " from +" << from_off;
+        for (size_t i = 0; i < to.size(); ++i) {
+          if (to.data() + i < d || to.data() + i >= d + len) {
+            ASSERT_EQ(to[i], 0xee) << "byte " << i << " beside " << len << " bytes";
+          }
+        }
+      }
+    }
+  }
 }
 
 // The probe of a READ's source: every page of the range is looked at, the last one too, and an
