@@ -27,27 +27,6 @@
 .Lwords_done\@:
 	.endm
 
-// Copies rounds of four \width-byte vectors (registers %\reg\()0-3, moved by \mov) while \count
-// holds a round or more.
-	.macro COPY_ROUNDS mov, reg, width, count
-.Lrounds\@:
-	cmpq	$(4 * \width), \count
-	jb	.Lrounds_done\@
-	\mov	(%rsi), %\reg\()0
-	\mov	\width(%rsi), %\reg\()1
-	\mov	(2 * \width)(%rsi), %\reg\()2
-	\mov	(3 * \width)(%rsi), %\reg\()3
-	\mov	%\reg\()0, (%rdi)
-	\mov	%\reg\()1, \width(%rdi)
-	\mov	%\reg\()2, (2 * \width)(%rdi)
-	\mov	%\reg\()3, (3 * \width)(%rdi)
-	addq	$(4 * \width), %rsi
-	addq	$(4 * \width), %rdi
-	subq	$(4 * \width), \count
-	jmp	.Lrounds\@
-.Lrounds_done\@:
-	.endm
-
 // Copies the \count bytes left one store each.
 	.macro COPY_BYTES count
 .Lbytes\@:
@@ -68,34 +47,34 @@ softrdma_guarded_begin:
 // {0, 1} softrdma_guarded_place(void* dst /* rdi */, const void* src /* rsi */, size_t n /* rdx */)
 // As link::PlaceBytes: every byte once, ascending; all but the last 64 bytes first, then the last
 // 64 bytes: byte stores up to an 8-byte boundary, aligned 8-byte stores, byte stores.
-// The bulk goes by rep movsb from 4 KiB on, below by 32-byte AVX2 moves, four a round, where the
-// CPU has them (softrdma_guarded_avx2), and by 16-byte SSE2 moves, four a round, for what is left
-// (everything below 1 KiB, and rep movsb from there, without AVX2). rep movsb starts slowly and
-// suffers a misaligned destination: here 8.4-10 ns for 128-512 bytes and 11.9 ns for 1 KiB
-// aligned, 23-25 ns for 448-960 bytes one byte off, against AVX2's 2.3-3.7 ns for 192-448 bytes
-// and 6.5 ns for 960; the words this loop had took 6.3 ns for 256 bytes (ib_read_bw 512 B ran at
-// 0.82 of ib_write_bw).
+// The bulk goes by rep movsb from 1 KiB on, below by 16-byte SSE2 moves, four a round (rep movsb
+// starts slowly: 8.4-10 ns for 128-512 bytes against 2.4-5.7 ns, here; the words this loop had
+// took 6.3 ns for 256 bytes, 14 ns for 512, and ib_read_bw 512 B ran at 0.82 of ib_write_bw).
 	.type softrdma_guarded_place, @function
 softrdma_guarded_place:
 	cmpq	$64, %rdx
 	jbe	.Ltail
 	leaq	-64(%rdx), %rcx
 	movl	$64, %edx
-	cmpb	$0, softrdma_guarded_avx2(%rip)
-	je	.Lbulk_without_avx2
-	cmpq	$4096, %rcx
-	jae	.Lbulk_movsb
-	COPY_ROUNDS vmovdqu, ymm, 32, %rcx
-	vzeroupper
-	jmp	.Lbulk_vectors
-.Lbulk_without_avx2:
 	cmpq	$1024, %rcx
 	jb	.Lbulk_vectors
-.Lbulk_movsb:
 	rep movsb
 	jmp	.Ltail
 .Lbulk_vectors:
-	COPY_ROUNDS movdqu, xmm, 16, %rcx
+	cmpq	$64, %rcx
+	jb	.Lbulk_sixteens
+	movdqu	(%rsi), %xmm0
+	movdqu	16(%rsi), %xmm1
+	movdqu	32(%rsi), %xmm2
+	movdqu	48(%rsi), %xmm3
+	movdqu	%xmm0, (%rdi)
+	movdqu	%xmm1, 16(%rdi)
+	movdqu	%xmm2, 32(%rdi)
+	movdqu	%xmm3, 48(%rdi)
+	addq	$64, %rsi
+	addq	$64, %rdi
+	subq	$64, %rcx
+	jmp	.Lbulk_vectors
 .Lbulk_sixteens:
 	cmpq	$16, %rcx
 	jb	.Lbulk_words
@@ -180,10 +159,6 @@ softrdma_guarded_end:
 
 	.type softrdma_guarded_fault_exit, @function
 softrdma_guarded_fault_exit:
-	cmpb	$0, softrdma_guarded_avx2(%rip)
-	je	.Lexit_clean
-	vzeroupper			// a fault inside the AVX2 loop left the upper halves dirty
-.Lexit_clean:
 	xorl	%eax, %eax
 	xorl	%edx, %edx
 	ret

@@ -13,19 +13,6 @@
 // link/guarded_copy_x86_64.S: the range of its accesses, and where a fault in it resumes.
 extern "C" const char softrdma_guarded_begin[], softrdma_guarded_end[],
     softrdma_guarded_fault_exit[];
-
-// Read by the copy: whether it may use AVX2 (the CPU has it and the kernel saves its registers).
-// Set before main, by then single-threaded; until then the copy keeps to SSE2.
-extern "C" {
-__attribute__((visibility("hidden"))) unsigned char softrdma_guarded_avx2 = 0;
-}
-
-namespace {
-__attribute__((constructor)) void DetectAvx2ForGuardedCopies() {
-  __builtin_cpu_init();
-  softrdma_guarded_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-}
-}  // namespace
 #endif
 
 namespace softrdma::link {
