@@ -108,13 +108,13 @@ bool Qp::TryDirectLocked(SendWqe& w) {
       remote_seen = true;
       if (!(local[n] = ResolveLocalPieceFullyLocked(s, local_access))) return false;
     }
-    // A source the application took away (unmapped, PROT_NONE) since it registered it: the long
-    // way fails it as the sender's (requester.cpp).
-    if (local_access == 0 && !link::Readable(local[n], s.length)) return false;
     lens[n++] = s.length;
   }
   w.status = IBV_WC_SUCCESS;  // an atomic whose result could not be placed says otherwise
   if (right == link::kRecvRight) return TryDirectSendLocked(w, peer, local, lens, n);
+  // A WRITE's source the application took away (unmapped, PROT_NONE) since it registered it: the
+  // long way fails it as the sender's (requester.cpp). A SEND's is probed by TryDirectSendLocked.
+  if (w.opcode == IBV_WR_RDMA_WRITE && !link::Readable(local, lens, n)) return false;
 
   bool done = true;
   auto op = [&](uint8_t* remote) {

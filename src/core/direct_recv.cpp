@@ -44,18 +44,6 @@ void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
   for (; n > 0; --n) *to++ = *from++;
 }
 
-// Whether the sender can read every piece of its message: pages the application unmapped or made
-// PROT_NONE since it registered them are read only once the peer's WQE is taken, too late to
-// refuse, so they are looked at first (the long way then fails the request: requester.cpp).
-// Here, after the slot's state was read, rather than before: the probe's call then runs while
-// that line comes from the polling peer (ib_send_lat, fast placement, against no probe: 1.016
-// probed first, 0.995-1.008 probed here).
-bool SourcesReadable(uint8_t* const* local, const uint32_t* lens, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i)
-    if (!link::Readable(local[i], lens[i])) return false;
-  return true;
-}
-
 }  // namespace
 
 // Owner side. Every function here runs under the QP's lock.
@@ -457,9 +445,14 @@ bool Qp::TryDirectSmallSendLocked(const SendWqe& w, link::PeerWindows* peer, uin
   if (!dr::Is(s.state.load(std::memory_order_acquire), dr::kPosted, t)) return false;
   const uint32_t nsge = s.num_sge;
   const link::DirectRecvSge first = s.sge[0];
+  // The sources are read only once the WQE is taken, too late to refuse one the application took
+  // away (unmapped, PROT_NONE) since it registered it: they are probed first, and the long way
+  // then fails the request (requester.cpp). After the slot's state was read, not before, so that
+  // the probe runs while that line comes from the polling peer (ib_send_lat, fast placement,
+  // against no probe: 1.016 probed first, 0.995-1.008 probed here). TryDirectSendLocked alike.
   if (nsge - 1 >= link::kDirectRecvSges || first.len < w.length ||
       !peer->Reach(first.key, dqpn, first.addr, w.length, link::kRecvRight, &recv_window_memo_) ||
-      !SourcesReadable(local, lens, n) || !TakeWqeLocked(q, taken))
+      !link::Readable(local, lens, n) || !TakeWqeLocked(q, taken))
     return false;
   auto* into = reinterpret_cast<uint8_t*>(s.sge);  // the owner no longer reads it: it is taken
   for (uint32_t i = 0; i < n; into += lens[i], ++i) CopyBytes(into, local[i], lens[i]);
@@ -552,7 +545,8 @@ bool Qp::TryDirectSendLocked(SendWqe& w, link::PeerWindows* peer, uint8_t* const
     // but the owner copies it there (CollectFromLocked).
     in_slot = w.length <= dr::kInSlotBytes;
   }
-  if (!SourcesReadable(local, lens, n) || !TakeWqeLocked(q, taken)) return false;
+  if (!link::Readable(local, lens, n) || !TakeWqeLocked(q, taken))
+    return false;  // sources probed first: see TryDirectSmallSendLocked
 
   // Scatter the payload (inline, or gathered from the local pieces) into the peer's buffers.
   uint32_t di = 0, doff = 0;

@@ -139,6 +139,14 @@ inline bool Readable(const void* p, size_t n) {
 #endif
 }
 
+// The same for each of `n` pieces of a message (a SEND's or a WRITE's sources, which the
+// application may have taken away since it registered them).
+inline bool Readable(const uint8_t* const* pieces, const uint32_t* lens, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i)
+    if (!Readable(pieces[i], lens[i])) return false;
+  return true;
+}
+
 // For the fault handler: true when the fault is one of the accesses above, which then returns
 // false once the handler returns.
 bool ResumeFaultedPlacement(const siginfo_t* info, void* context);
