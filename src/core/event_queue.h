@@ -53,12 +53,27 @@ class EventQueue {
   // before a Purge that did not find the item (rdma_get_cm_event counts an event so).
   template <typename OnTake>
   int Pop(T* out, OnTake on_take) {
+    return Pop(out, on_take, [](int) { return 0; });
+  }
+
+  // As Pop, and `await(fd)` is called before a read that would block: it may wait for the
+  // descriptor itself (returns 0 to read, or an errno to return instead).
+  template <typename OnTake, typename Await>
+  int Pop(T* out, OnTake on_take, Await await) {
+    bool queued;
     {
       std::lock_guard<std::mutex> g(mu_);
       ++readers_;
+      queued = !items_.empty();
     }
     for (;;) {
       uint64_t v;
+      if (int e = queued ? 0 : await(fd_)) {
+        std::lock_guard<std::mutex> g(mu_);
+        --readers_;
+        return e;
+      }
+      queued = false;
       ssize_t r = read(fd_, &v, sizeof v);
       std::unique_lock<std::mutex> g(mu_);
       if (r != sizeof v) {

@@ -140,6 +140,8 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void CompletionsTaken() {
     if (endpoint_) endpoint_->CompletionsTaken();
   }
+  // See link::Endpoint::WaitAlongside; without an endpoint (a fork child) the read waits alone.
+  int WaitAlongside(int fd) { return endpoint_ ? endpoint_->WaitAlongside(fd) : 0; }
   // See link::Endpoint::SecureQueuedPayloads.
   void SecureQueuedPayloads() {
     if (endpoint_) endpoint_->SecureQueuedPayloads();

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "link/rx_cursor.h"
 #include "link/shm_channel.h"
 #include "link/socket_tuning.h"
+#include "link/spin_pause.h"
 #include "link/udp_link.h"
 
 namespace softrdma::link {
@@ -1021,6 +1023,7 @@ int Endpoint::Impl::Dispatch(epoll_event* events, int n) {
 
 void Endpoint::Impl::Loop() {
   t_progress_loop = this;
+  pthread_setname_np(pthread_self(), kProgressThreadName);  // ps -L, top -H, gdb show it so
   // The thread sleeps in epoll and runs only to move frames. When the process may (root or
   // CAP_SYS_NICE) it runs at the lowest real-time priority: an application busy-polling memory
   // (ib_write_lat) would otherwise keep its core for a whole time slice while the frame it waits
@@ -1242,6 +1245,79 @@ void Endpoint::Impl::PollerMaySleep() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
   shm_polled_ns.store(0, std::memory_order_relaxed);  // the lease ends with the polling
   if (!ShmPrepareSleep()) Wake();                     // records came meanwhile: serve them now
+}
+
+namespace {
+
+// Whether a signal interrupts a blocking read() here: poll() returns EINTR after any handler ran,
+// read() only after one installed without SA_RESTART (rping's CQ thread gives up on EINTR; qperf
+// ends its timed tests by an alarm and counts on it). Which signal came is not known: EINTR is
+// passed on when some handler of the process would interrupt a read.
+bool HandlersInterruptReads() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    // A fault's handler (ours among them: page_move_guard.h) runs for the faulting thread's own
+    // access, never inside a wait.
+    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP ||
+        sig == SIGSYS)
+      continue;
+    struct sigaction sa;
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    // sa_handler and sa_sigaction share their storage: SIG_DFL and SIG_IGN read the same in both.
+    const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+    if (handled && !(sa.sa_flags & SA_RESTART)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The application thread about to block for a completion event waits on the inbound work too. The
+// progress thread alone would be woken first, make the completion, and wake this thread: two
+// wake-ups in a row, ~15 us each on a VM (ib_send_lat -e, shared memory: 29-37 us one way).
+// Woken together, whichever takes progress_mu serves; if that is the progress thread, this thread
+// looks for the event it is about to raise rather than sleep into a second wake-up.
+int Endpoint::Impl::WaitAlongside(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_NONBLOCK)) return 0;  // the read answers at once
+  if (alongside_taken.exchange(true, std::memory_order_acquire)) return 0;
+  struct Leave {
+    std::atomic<bool>& taken;
+    ~Leave() { taken.store(false, std::memory_order_release); }
+  } leave{alongside_taken};
+  bool again = false;  // serve once more before sleeping
+  for (int rounds = 0;; ++rounds) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {epfd, POLLIN, 0}};
+    const nfds_t n = rounds < kAlongsideRoundsMax ? 2 : 1;
+    if ((again ? sys::PollNow(p, n) : poll(p, n, -1)) < 0) {
+      const int e = errno;
+      if (e == EINTR && !HandlersInterruptReads()) continue;
+      return e;
+    }
+    if (p[0].revents) return 0;
+    if (n == 1) {  // the rest is the progress thread's, and what the last round left undone
+      if (again) Wake();
+      again = false;
+      continue;
+    }
+    if (progress_mu.try_lock()) {  // what a round brings may be for other channels only
+      epoll_event events[64];
+      ReadHotSocketOut();
+      const int got = sys::EpollWait(epfd, events, 64, 0);
+      Dispatch(events, got < 0 ? 0 : got);
+      RunTimers(NowNs());
+      // A producer rings once per sleep its consumer declares. The progress thread may sleep on
+      // through the doorbell this round read, and so declare nothing: this thread declares it,
+      // as the progress thread does before it sleeps (without, rping hung within seconds).
+      again = !ShmPrepareSleep();
+      progress_mu.unlock();
+      continue;
+    }
+    again = false;
+    const int64_t until = NowNs() + kAlongsideSpinNs;
+    pollfd q{fd, POLLIN, 0};
+    while (sys::PollNow(&q, 1) == 0 && NowNs() < until) SpinPause();
+    if (q.revents) return 0;
+  }
 }
 
 bool Endpoint::Impl::PollOnce(bool wait) {
@@ -1533,6 +1609,10 @@ void Endpoint::CompletionsTaken() {
 
 void Endpoint::PollerMaySleep() {
   impl_->PollerMaySleep();
+}
+
+int Endpoint::WaitAlongside(int fd) {
+  return impl_->WaitAlongside(fd);
 }
 
 void Endpoint::Abandon() {

@@ -18,6 +18,9 @@
 
 namespace softrdma::link {
 
+// The name the progress thread goes by (/proc/<pid>/task/<tid>/comm).
+inline constexpr char kProgressThreadName[] = "softrdma-prog";
+
 class Endpoint {
  public:
   // Called once the port is bound and before the progress thread starts: publishes the node
@@ -52,6 +55,10 @@ class Endpoint {
   // but may first look elsewhere (spin on memory an RDMA WRITE is to change), so shared-memory
   // producers ring for such records until it polls (ShmRingProducer::Publish, `prompt`).
   void CompletionsTaken();
+  // ibv_get_cq_event's wait: returns 0 once `fd` (a completion channel's, blocking) is readable,
+  // or the errno of a signal that interrupts the wait as it would a read(). Meanwhile inbound
+  // work that wakes it is served on this thread, as the progress thread serves it.
+  int WaitAlongside(int fd);
   // Copies the payloads that queued frames still borrow from application memory, before that
   // memory may go away (a QP failing or destroyed, a region deregistered).
   void SecureQueuedPayloads();

@@ -166,6 +166,15 @@ struct Endpoint::Impl {
       poller_may_sleep.store(false, std::memory_order_relaxed);
   }
   void CompletionsTaken();
+  int WaitAlongside(int fd);
+  // One thread at a time waits so (the others read): every wake-up of `epfd` wakes it too.
+  std::atomic<bool> alongside_taken{false};
+  // A waiter that found the progress thread serving looks for its event this long before it
+  // sleeps again (the serving takes microseconds; sleeping costs a wake-up).
+  static constexpr int64_t kAlongsideSpinNs = 20'000;
+  // Rounds of a wait after which it leaves `epfd` to the progress thread: a waiter whose event
+  // does not come costs the busy endpoint's other work no more than these wake-ups (and spins).
+  static constexpr int kAlongsideRoundsMax = 16;
   // Some peer publishes records awaited in memory (ShmRingConsumer::ProducerPrompts): polls keep
   // the rings' consumer_polling from then on.
   std::atomic<bool> shm_prompted{false};

@@ -123,7 +123,9 @@ SOFTRDMA_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, voi
     return -1;
   }
   void* handle = nullptr;
-  int r = VerbsCompChannel::From(channel)->core.events.Pop(&handle);
+  core::Hca& hca = CoreOf(channel->context).hca();
+  int r = VerbsCompChannel::From(channel)->core.events.Pop(
+      &handle, [](void* const&) {}, [&hca](int fd) { return hca.WaitAlongside(fd); });
   if (r) {
     errno = r;
     return -1;
