@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -130,10 +131,19 @@ class ThreadStopper {
   // Empty when stopped; else why not.
   std::string Stop(pid_t tid) {
     int up[2], down[2];
-    if (pipe(up) != 0 || pipe(down) != 0) return "pipe";
+    if (pipe2(up, O_CLOEXEC) != 0) return "pipe";
+    if (pipe2(down, O_CLOEXEC) != 0) {
+      close(up[0]);
+      close(up[1]);
+      return "pipe";
+    }
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY);  // where Yama asks a tracer to be named
     pid_ = fork();
-    if (pid_ < 0) return "fork";
+    if (pid_ < 0) {
+      for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+      prctl(PR_SET_PTRACER, 0);
+      return "fork";
+    }
     if (pid_ == 0) {
       alarm(30);
       close(up[0]);
@@ -172,7 +182,7 @@ class ThreadStopper {
     close(up[0]);
     if (told && verdict == 'S') return "";
     Release();
-    return told && verdict == 'E' ? std::string("ptrace refused: ") + strerror(EPERM)
+    return told && verdict == 'E' ? std::string("ptrace refused here")
                                   : std::string("could not stop the thread (") + verdict + ")";
   }
   void Release() {
@@ -186,6 +196,7 @@ class ThreadStopper {
       int st;
       waitpid(pid_, &st, 0);
       pid_ = -1;
+      prctl(PR_SET_PTRACER, 0);
     }
   }
   ~ThreadStopper() { Release(); }
@@ -440,8 +451,8 @@ void CountSignal(int) {
   g_signals.fetch_add(1);
 }
 
-// A signal arriving during the wait: `restart` says whether its handler asks for SA_RESTART.
-// Returns whether the wait ended then, and leaves the waiter to the caller's message.
+// SIGUSR2 sent to the waiting thread once it is blocked, its handler installed with SA_RESTART
+// or without (`restart`); the test looks at what the wait did then.
 class EventWaitSignals : public EventWait {
  protected:
   void SignalTheWaiter(bool restart, EventWaiter& waiter) {
