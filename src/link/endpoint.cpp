@@ -1300,11 +1300,7 @@ int Endpoint::Impl::WaitAlongside(int fd) {
       continue;
     }
     if (progress_mu.try_lock()) {  // what a round brings may be for other channels only
-      epoll_event events[64];
-      ReadHotSocketOut();
-      const int got = sys::EpollWait(epfd, events, 64, 0);
-      Dispatch(events, got < 0 ? 0 : got);
-      RunTimers(NowNs());
+      ServeRoundLocked();
       // A producer rings once per sleep its consumer declares. The progress thread may sleep on
       // through the doorbell this round read, and so declare nothing: this thread declares it,
       // as the progress thread does before it sleeps (without, rping hung within seconds).
@@ -1368,14 +1364,17 @@ bool Endpoint::Impl::PollOnce(bool wait) {
     Release();
     return r;
   }
-  progress_mu.lock();
+  std::lock_guard g(progress_mu);
+  return ServeRoundLocked() > 0;
+}
+
+int Endpoint::Impl::ServeRoundLocked() {
   epoll_event events[64];
   int handled = ReadHotSocketOut();
   int n = sys::EpollWait(epfd, events, 64, 0);
   handled += Dispatch(events, n < 0 ? 0 : n);
   RunTimers(NowNs());
-  progress_mu.unlock();
-  return handled > 0;
+  return handled;
 }
 
 // Under the socket lease the progress thread stays off the sockets until the lease ends (at most

@@ -167,6 +167,9 @@ struct Endpoint::Impl {
   }
   void CompletionsTaken();
   int WaitAlongside(int fd);
+  // Under progress_mu: one round of inbound work as a blocked thread runs it (the hot socket, what
+  // epoll reports, the timers); the events handled.
+  int ServeRoundLocked();
   // One thread at a time waits so (the others read): every wake-up of `epfd` wakes it too.
   std::atomic<bool> alongside_taken{false};
   // A waiter that found the progress thread serving looks for its event this long before it

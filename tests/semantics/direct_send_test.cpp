@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -254,13 +253,9 @@ TEST_F(DirectSendAfterALongPoll, AThreadThatThenBlocksGetsItsEvent) {
 TEST_F(DirectSendAfterALongPoll, AMessageWhileThePollingThreadPausesIsCollectedAndTheHcaSleeps) {
   ASSERT_NO_FATAL_FAILURE(PollAStream({}));
   ASSERT_EQ(Send(64), IBV_WC_SUCCESS);  // the sender completes at once, placed or not
-  rusage before{}, after{};
-  getrusage(RUSAGE_SELF, &before);
+  const long before = ProcessCpuUs();
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  getrusage(RUSAGE_SELF, &after);
-  auto us = [](const timeval& t) { return t.tv_sec * 1000000L + t.tv_usec; };
-  const long cpu_us =
-      us(after.ru_utime) - us(before.ru_utime) + us(after.ru_stime) - us(before.ru_stime);
+  const long cpu_us = ProcessCpuUs() - before;
   // A spinning thread uses the whole second; a sleeping one a few wake-ups' worth.
   EXPECT_LT(cpu_us, 250000) << "the process used " << cpu_us << " us of CPU in 1 s of pause";
   ibv_wc wc{};

@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <poll.h>
-#include <sys/resource.h>
 
 #include <gtest/gtest.h>
 
@@ -191,13 +190,10 @@ TEST_F(ShmLink, AProcessBlockedOnACompletionChannelUsesNoCpu) {
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
   ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 
-  rusage before{}, after{};
-  getrusage(RUSAGE_SELF, &before);
+  const long before = ProcessCpuUs();
   pollfd p{ch->fd, POLLIN, 0};
   EXPECT_EQ(poll(&p, 1, 1000), 0) << "no completion was due";  // blocked, as in ibv_get_cq_event
-  getrusage(RUSAGE_SELF, &after);
-  auto us = [](const timeval& t) { return t.tv_sec * 1000000L + t.tv_usec; };
-  long cpu_us = us(after.ru_utime) - us(before.ru_utime) + us(after.ru_stime) - us(before.ru_stime);
+  const long cpu_us = ProcessCpuUs() - before;
   EXPECT_LT(cpu_us, 50000) << "the process used " << cpu_us << " us of CPU in 1 s of waiting";
   child.Send('x');
 }

@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +68,15 @@ inline std::vector<ibv_wc> PollN(ibv_cq* cq, size_t n, milliseconds timeout = kW
     Backoff(&spins);
   }
   return out;
+}
+
+// CPU time this process has used so far, user and system, in microseconds: tests that a wait
+// sleeps compare two readings a second apart.
+inline long ProcessCpuUs() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  auto us = [](const timeval& t) { return t.tv_sec * 1000000L + t.tv_usec; };
+  return us(r.ru_utime) + us(r.ru_stime);
 }
 
 inline bool PollOne(ibv_cq* cq, ibv_wc* wc, milliseconds timeout = kWait) {
