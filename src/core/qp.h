@@ -307,8 +307,11 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void FlushAckLocked();
   void ReleaseHeldCompletionsLocked();
   const std::shared_ptr<link::Channel>& ResponseChannelLocked(link::Channel& arrival);
-  void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len);
-  void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig);
+  // `deferrable`: more requests of the peer's are already read (RxTarget::inbound_follows), and
+  // their answers may leave together (OutFrame::deferrable).
+  void SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len,
+                              bool deferrable = false);
+  void SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig, bool deferrable = false);
   void ResponderErrorLocked(link::Channel& ch, uint8_t nak, uint32_t psn, ibv_event_type ev);
   // XRC_RECV: a SEND for an SRQ of another process of the domain goes there (xrc_relay.cpp).
   bool RelayableLocked(uint32_t srqn, const Packet& p) const;
@@ -472,6 +475,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // ACKs, and so does a QP whose own requests wait for ACKs (RxRequestEnd). Measured on
   // ib_write_lat: see the commit introducing it.
   static constexpr int64_t kAckDeferNs = 30'000;
+  // A request sent while this many are in flight before it is part of a stream (ib_write_bw keeps
+  // 128): the link may write it together with those that follow (link::OutFrame::deferrable).
+  // Request-response traffic keeps one or two in flight and is never held.
+  static constexpr uint64_t kDeferrableInFlight = 4;
   static constexpr int64_t kReplyWindowNs = 30'000;
   bool ack_defer_ = false;
   int64_t ack_deadline_ = INT64_MAX;

@@ -168,6 +168,7 @@ ibv_wc_status Qp::SendWqeLocked(SendWqe& w) {
   f.payload_outlives_send = Reliable();
   f.datagram = type_ == IBV_QPT_UD;
   f.awaited_in_memory = w.opcode == IBV_WR_RDMA_WRITE;
+  f.deferrable = Reliable() && next_ - head_ >= kDeferrableInFlight;
   if (Reliable() && ack_pending_ && ack_channel_ == av->channel) {
     // An ACK owed to the peer leaves with this request, in one write: riding on it where the peer
     // reads that, else as a frame of its own before it.

@@ -72,7 +72,8 @@ const std::shared_ptr<link::Channel>& Qp::ResponseChannelLocked(link::Channel& a
   return ack_channel_;
 }
 
-void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len) {
+void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, uint32_t len,
+                                bool deferrable) {
   FlushAckLocked();  // keep responses in PSN order on the wire
   link::OutFrame f;
   uint8_t op = QpTransport(type_) | op::kReadResponseOnly;
@@ -80,10 +81,11 @@ void Qp::SendReadResponseLocked(link::Channel& ch, uint32_t psn, uint8_t* src, u
   reinterpret_cast<wire::Aeth*>(bth + Opcode(op).aeth)->Set(wire::aeth::kAck, msn_);
   if (len) f.AddPayload(src, len);
   f.payload_outlives_send = true;  // registered memory of this process
+  f.deferrable = deferrable;
   ch.Send(std::move(f));
 }
 
-void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
+void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig, bool deferrable) {
   FlushAckLocked();
   link::OutFrame f;
   uint8_t op = QpTransport(type_) | op::kAtomicAcknowledge;
@@ -91,6 +93,7 @@ void Qp::SendAtomicAckLocked(link::Channel& ch, uint32_t psn, uint64_t orig) {
   const OpInfo& info = Opcode(op);
   reinterpret_cast<wire::Aeth*>(bth + info.aeth)->Set(wire::aeth::kAck, msn_);
   reinterpret_cast<wire::AtomicAckEth*>(bth + info.atomic_ack)->Set(orig);
+  f.deferrable = deferrable;
   ch.Send(std::move(f));
 }
 
@@ -315,7 +318,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
       rq_psn_ = (psn + 1) & wire::kPsnMask;
       ++msn_;
     }
-    SendReadResponseLocked(ch, psn, host, len);
+    SendReadResponseLocked(ch, psn, host, len, t.inbound_follows);
     return;
   }
 
@@ -335,7 +338,7 @@ void Qp::RxRequestHeader(link::Channel& ch, const Packet& p, link::RxTarget& t) 
     atomic_replay_[atomic_replay_next_++ % kMaxRdAtomic] = AtomicReplay{psn, orig, true};
     rq_psn_ = (psn + 1) & wire::kPsnMask;
     ++msn_;
-    SendAtomicAckLocked(ch, psn, orig);
+    SendAtomicAckLocked(ch, psn, orig, t.inbound_follows);
     return;
   }
 

@@ -57,6 +57,9 @@ struct OutFrame {
   // An RDMA WRITE: the peer's application learns of it from its memory, not from a CQ (it may be
   // spinning on that memory), so a link must not leave it for that application's next poll.
   bool awaited_in_memory = false;
+  // One of a stream of requests its QP keeps in flight: its sender waits for no answer to it, so
+  // a link may hold it a moment and write it together with the requests that follow it.
+  bool deferrable = false;
   std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
 
   void AddPayload(const void* p, size_t n) {
@@ -77,6 +80,9 @@ struct RxTarget {
   bool wait = false;
   // A placement could not be written (link/placement_guard.h): the sink fails the access.
   bool refused = false;
+  // Later frames are already read on the same connection: an answer this frame causes may wait to
+  // leave with theirs (OutFrame::deferrable).
+  bool inbound_follows = false;
   // Sink-private per-frame state (the core keeps the receive WQE a message took here).
   alignas(8) unsigned char scratch[704] = {};
   void Add(void* p, size_t n) { seg[nseg++] = iovec{p, n}; }
@@ -87,6 +93,7 @@ struct RxTarget {
     hold.reset();
     wait = false;
     refused = false;
+    inbound_follows = false;
   }
 };
 
