@@ -370,6 +370,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   std::vector<ibv_sge> sge_pool_;
   std::vector<uint8_t> inline_pool_;
   uint64_t head_ = 0, next_ = 0, tail_ = 0;
+  // A request sent while this many are in flight before it is part of a stream (ib_write_bw keeps
+  // 128): the link may write it together with those that follow (link::OutFrame::deferrable).
+  // Request-response traffic keeps one or two in flight and is never held.
+  static constexpr uint64_t kDeferrableInFlight = 4;
   uint32_t sq_psn_ = 0;
   uint32_t rd_outstanding_ = 0;
   int retry_left_ = 0, rnr_left_ = 0;
@@ -475,10 +479,6 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // ACKs, and so does a QP whose own requests wait for ACKs (RxRequestEnd). Measured on
   // ib_write_lat: see the commit introducing it.
   static constexpr int64_t kAckDeferNs = 30'000;
-  // A request sent while this many are in flight before it is part of a stream (ib_write_bw keeps
-  // 128): the link may write it together with those that follow (link::OutFrame::deferrable).
-  // Request-response traffic keeps one or two in flight and is never held.
-  static constexpr uint64_t kDeferrableInFlight = 4;
   static constexpr int64_t kReplyWindowNs = 30'000;
   bool ack_defer_ = false;
   int64_t ack_deadline_ = INT64_MAX;

@@ -57,8 +57,9 @@ struct OutFrame {
   // An RDMA WRITE: the peer's application learns of it from its memory, not from a CQ (it may be
   // spinning on that memory), so a link must not leave it for that application's next poll.
   bool awaited_in_memory = false;
-  // One of a stream of requests its QP keeps in flight: its sender waits for no answer to it, so
-  // a link may hold it a moment and write it together with the requests that follow it.
+  // Part of a stream (a request while others of its QP are in flight, the answer to a request
+  // read together with more): nobody waits for it alone, so a link may hold it a moment and write
+  // it together with the frames that follow it.
   bool deferrable = false;
   std::vector<uint8_t> owned;  // a private copy of the payload, when one was made
 
