@@ -235,7 +235,10 @@ class TcpChannel final : public ServedChannel {
     }
     deferred_ = true;
     UpdateInterestLocked();
-    if (out_of_set_) FlushLocked();  // out of the epoll set (adds refused): no EPOLLOUT comes
+    if (out_of_set_) {  // out of the epoll set (adds refused): no EPOLLOUT comes
+      FlushLocked();
+      UpdateInterestLocked();  // EPOLLOUT no longer wanted if the socket took it all
+    }
     return true;
   }
 

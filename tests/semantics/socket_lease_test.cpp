@@ -80,7 +80,7 @@ int BusyWriter(ChildPipe p, QpOpts o) {
 
 // After 'g', WRITEs 8 bytes of 0x11 at the window's start (the connections then exist). After
 // 'h': with `at_once`, 8 bytes of 0x22 at offset 16 at once; then, 300 ms later, 8 bytes of 0x5a
-// at offset 32. Waits for 'x'.
+// at offset 32. Then tells its own buffer's window (for the parent's WRITEs) and waits for 'x'.
 int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   Writer wr;
   if (int e = wr.Start(p, o)) return e;
@@ -96,6 +96,7 @@ int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   if (int e = at_once ? write(0x22, 16) : 0) return e;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (int e = write(0x5a, 32)) return e;
+  if (!p.Send(Window{wr.c.b->addr(), wr.c.b->rkey()})) return 19;
   char done;
   p.Recv(&done);
   return 0;
@@ -143,9 +144,14 @@ class SocketLease : public VerbsTest {
  protected:
   // Connects to a WriterAfterH child and polls for its first WRITE, then makes epoll refuse adds
   // (RefuseEpollAdds) and says 'h'; with `at_once`, polls for the second WRITE as well. Then polls
-  // 1,000 times and spins on memory: the last WRITE comes after the lease ran out.
+  // 1,000 times and spins on memory: the last WRITE comes after the lease ran out. Last, WRITEs a
+  // stream to the child, whose requests the TCP link holds for an EPOLLOUT (TcpChannel::
+  // DeferLocked) that a socket out of the epoll set never reports: they must leave all the same.
+  // This QP never retransmits (timeout 0), which would send them too.
   void WriteLandsWhereEpollAddsFail(bool at_once) {
-    Qp* a = v.NewQp(QpOpts{});
+    QpOpts o;
+    o.timeout = 0;
+    Qp* a = v.NewQp(o);
     Buffer* b = Buf(64);
     ASSERT_TRUE(a && b);
     ForkedPeer child;
@@ -156,7 +162,7 @@ class SocketLease : public VerbsTest {
     ASSERT_TRUE(child.Recv(&theirs));
     ASSERT_TRUE(child.Send(v.RemoteOf(a)));
     ASSERT_TRUE(child.Send(Window{b->addr(), b->rkey()}));
-    ASSERT_EQ(BringUp(a->qp, QpOpts{}, theirs), 0);
+    ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
     ibv_wc wc;
     // Polls until the byte at `offset` reads `value`, for at most 3 s.
     auto poll_until = [&](size_t offset, uint8_t value) {
@@ -178,6 +184,15 @@ class SocketLease : public VerbsTest {
     while (Peek(last) != 0x5a && Clock::now() < until) {
     }
     EXPECT_EQ(Peek(last), 0x5a) << "the last WRITE never landed";
+    Window child_buffer{};
+    ASSERT_TRUE(child.Recv(&child_buffer));
+    constexpr uint64_t kStream = 8;
+    for (uint64_t i = 0; i < kStream; ++i)
+      ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *b, 0, 8, child_buffer.addr + 8 * i,
+                         child_buffer.rkey, i, i + 1 == kStream ? IBV_SEND_SIGNALED : 0),
+                0);
+    ASSERT_TRUE(PollOne(a->scq, &wc, std::chrono::seconds(3))) << "a stream's WRITEs never left";
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_TRUE(child.Send('x'));
     EXPECT_EQ(child.Wait(), 0) << "the writer's own completions went wrong";
   }
