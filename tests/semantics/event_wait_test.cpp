@@ -89,14 +89,6 @@ int TwoMessages(ChildPipe p) {
 
 class EventWait : public VerbsTest {
  protected:
-  // Starts `peer` on `body`, swaps QP numbers with it through the pipe and brings `a` up.
-  void ConnectTo(ForkedPeer& peer, const ForkedPeer::Body& body, Qp* a, const QpOpts& o) {
-    ASSERT_TRUE(peer.Start(body));
-    Remote theirs;
-    ASSERT_TRUE(peer.Recv(&theirs));
-    ASSERT_TRUE(peer.Send(v.RemoteOf(a)));
-    ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
-  }
   // A QP on a CQ of `ch_`, connected to a forked TwoMessages peer, two receives posted, the first
   // message received (the shared-memory link is open and in use).
   void ConnectAndTakeTheFirstMessage() {
@@ -110,8 +102,8 @@ class EventWait : public VerbsTest {
     Qp* a = v.NewQp(o);
     Buffer* b = Buf(64);
     ASSERT_TRUE(a && b);
-    ASSERT_NO_FATAL_FAILURE(ConnectTo(
-        peer_,
+    ASSERT_NO_FATAL_FAILURE(StartAndConnect(
+        v, peer_,
         [](int up, int down) {
           return TwoMessages(ChildPipe{up, down});
         },
@@ -289,8 +281,8 @@ TEST_F(EventWait, EveryMessageOfAPingPongEndsAWait) {
   Buffer* b = Buf(64);
   ASSERT_TRUE(a && b);
   ForkedPeer peer;
-  ASSERT_NO_FATAL_FAILURE(ConnectTo(
-      peer,
+  ASSERT_NO_FATAL_FAILURE(StartAndConnect(
+      v, peer,
       [](int up, int down) {
         return PingPong(ChildPipe{up, down}, kMessages);
       },

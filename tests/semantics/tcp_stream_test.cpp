@@ -92,14 +92,9 @@ int ReadTarget(ChildPipe p) {
 
 class TcpStream : public VerbsTest {
  protected:
-  // Starts `peer` on `body`, swaps QP numbers with it, brings `a` up and takes the address and
-  // key of the peer's buffer.
+  // StartAndConnect, then takes the address and key of the peer's buffer.
   void ConnectTo(ForkedPeer& peer, const ForkedPeer::Body& body, Qp* a, const QpOpts& o) {
-    ASSERT_TRUE(peer.Start(body));
-    Remote theirs;
-    ASSERT_TRUE(peer.Recv(&theirs));
-    ASSERT_TRUE(peer.Send(v.RemoteOf(a)));
-    ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+    ASSERT_NO_FATAL_FAILURE(StartAndConnect(v, peer, body, a, o));
     ASSERT_TRUE(peer.Recv(&raddr_));
     ASSERT_TRUE(peer.Recv(&rkey_));
   }

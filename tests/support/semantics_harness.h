@@ -834,4 +834,15 @@ struct ChildQp {
   }
 };
 
+// The parent's end of ChildQp::Connect: starts `peer` on `body`, swaps QP numbers with it and
+// brings `a` (on `v`) up. Fails the calling test on any step.
+inline void StartAndConnect(Verbs& v, ForkedPeer& peer, const ForkedPeer::Body& body, Qp* a,
+                            const QpOpts& o) {
+  ASSERT_TRUE(peer.Start(body));
+  Remote theirs;
+  ASSERT_TRUE(peer.Recv(&theirs));
+  ASSERT_TRUE(peer.Send(v.RemoteOf(a)));
+  ASSERT_EQ(BringUp(a->qp, o, theirs), 0);
+}
+
 }  // namespace semantics
