@@ -476,6 +476,7 @@ class TcpChannel final : public ServedChannel {
     if (out_of_set_) {
       if (ev.events != EPOLLIN && epoll_ctl(ep_.epfd, EPOLL_CTL_ADD, fd_, &ev) == 0)
         out_of_set_ = false;
+      stranded_.store(out_of_set_ && want_out_, std::memory_order_relaxed);
       return;
     }
     epoll_ctl(ep_.epfd, EPOLL_CTL_MOD, fd_, &ev);
@@ -504,6 +505,7 @@ class TcpChannel final : public ServedChannel {
     epoll_event ev = InterestLocked();
     if (epoll_ctl(ep_.epfd, EPOLL_CTL_ADD, fd_, &ev) != 0) return false;  // ENOMEM, ENOSPC
     out_of_set_ = false;
+    stranded_.store(false, std::memory_order_relaxed);
     return true;
   }
 
@@ -678,6 +680,10 @@ class TcpChannel final : public ServedChannel {
   // (docs/architecture.md §4, the hot socket).
   int ReadNow() override {
     if (closed()) return 0;
+    if (stranded_.load(std::memory_order_relaxed)) {
+      OnEvents(EPOLLOUT);  // which epoll does not report for this socket (stranded_)
+      if (closed()) return 0;
+    }
     if (Buffered() == 0) {
       pollfd p{fd_, POLLIN, 0};
       if (sys::PollNow(&p, 1) <= 0) return 0;  // POLLHUP and POLLERR come unasked: recv sees them
@@ -781,6 +787,11 @@ class TcpChannel final : public ServedChannel {
 
   FastMutex tx_mu_;          // guards everything tx below
   bool out_of_set_ = false;  // not in ep_.epfd (LeaveSet)
+  // Out of the set, wanting EPOLLOUT, and epoll refused to take the socket back (ENOSPC: the
+  // user's epoll watches ran out): no EPOLLOUT comes, so whoever reads the socket (ReadNow: the
+  // leased poller, the progress thread every kUnwatchedSocketsNs) serves it. Without, the rest of
+  // a write the socket did not take at once never left. Set under tx_mu_, read under progress_mu.
+  std::atomic<bool> stranded_{false};
   std::deque<TxItem> txq_;
   bool connecting_;
   const bool accepted_;

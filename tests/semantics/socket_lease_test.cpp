@@ -33,13 +33,13 @@ struct Window {
   uint32_t rkey;
 };
 
-// A writer child's side: a connected QP, a 64-byte buffer of 0x5a and the parent's window, once
-// the parent says 'g'. Returns 0 or the child's exit code for what failed.
+// A writer child's side: a connected QP, a buffer of `bytes` whose first 64 are 0x5a and the
+// parent's window, once the parent says 'g'. Returns 0 or the child's exit code for what failed.
 struct Writer {
   ChildQp c;
   Window w{};
-  int Start(ChildPipe& p, QpOpts o) {
-    if (int e = c.Connect(p, o, 64)) return e;
+  int Start(ChildPipe& p, QpOpts o, size_t bytes = 64) {
+    if (int e = c.Connect(p, o, bytes)) return e;
     std::memset(c.b->data(), 0x5a, 64);
     char go;
     return p.Recv(&w) && p.Recv(&go) ? 0 : 14;
@@ -78,12 +78,16 @@ int BusyWriter(ChildPipe p, QpOpts o) {
   return 0;
 }
 
+// More than a loopback socket takes at once (its send buffer grows to 4 MiB at most).
+constexpr size_t kMoreThanASocketTakes = 32 << 20;
+
 // After 'g', WRITEs 8 bytes of 0x11 at the window's start (the connections then exist). After
 // 'h': with `at_once`, 8 bytes of 0x22 at offset 16 at once; then, 300 ms later, 8 bytes of 0x5a
-// at offset 32. Then tells its own buffer's window (for the parent's WRITEs) and waits for 'x'.
+// at offset 32. Then tells its own buffer's window (kMoreThanASocketTakes, for the parent's
+// WRITEs) and waits for 'x'.
 int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   Writer wr;
-  if (int e = wr.Start(p, o)) return e;
+  if (int e = wr.Start(p, o, kMoreThanASocketTakes)) return e;
   const uint64_t start = wr.w.addr;
   auto write = [&](uint8_t value, uint64_t offset) {
     std::memset(wr.c.b->data(), value, 8);
@@ -147,7 +151,9 @@ class SocketLease : public VerbsTest {
   // 1,000 times and spins on memory: the last WRITE comes after the lease ran out. Last, WRITEs a
   // stream to the child, whose requests the TCP link holds for an EPOLLOUT (TcpChannel::
   // DeferLocked) that a socket out of the epoll set never reports: they must leave all the same.
-  // This QP never retransmits (timeout 0), which would send them too.
+  // Then one WRITE larger than the socket takes at once: the rest waits for room, which that
+  // socket's EPOLLOUT never reports either. This QP never retransmits (timeout 0), which would
+  // send them too.
   void WriteLandsWhereEpollAddsFail(bool at_once) {
     QpOpts o;
     o.timeout = 0;
@@ -192,6 +198,14 @@ class SocketLease : public VerbsTest {
                          child_buffer.rkey, i, i + 1 == kStream ? IBV_SEND_SIGNALED : 0),
                 0);
     ASSERT_TRUE(PollOne(a->scq, &wc, std::chrono::seconds(3))) << "a stream's WRITEs never left";
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    Buffer* big = Buf(kMoreThanASocketTakes);
+    ASSERT_NE(big, nullptr);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *big, 0, kMoreThanASocketTakes, child_buffer.addr,
+                       child_buffer.rkey, kStream),
+              0);
+    ASSERT_TRUE(PollOne(a->scq, &wc, std::chrono::seconds(10)))
+        << "the rest of a WRITE the socket did not take at once never left";
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_TRUE(child.Send('x'));
     EXPECT_EQ(child.Wait(), 0) << "the writer's own completions went wrong";
