@@ -80,11 +80,13 @@ int BusyWriter(ChildPipe p, QpOpts o) {
 
 // More than a loopback socket takes at once (its send buffer grows to 4 MiB at most).
 constexpr size_t kMoreThanASocketTakes = 32 << 20;
+constexpr uint8_t kLastWrite = 0x78;  // the bytes of the parent's last WRITE
 
 // After 'g', WRITEs 8 bytes of 0x11 at the window's start (the connections then exist). After
 // 'h': with `at_once`, 8 bytes of 0x22 at offset 16 at once; then, 300 ms later, 8 bytes of 0x5a
 // at offset 32. Then tells its own buffer's window (kMoreThanASocketTakes, for the parent's
-// WRITEs) and waits for 'x'.
+// WRITEs). On 'c', spins up to 10 s on its buffer's last byte and says whether it read kLastWrite
+// there; on 'x', ends.
 int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   Writer wr;
   if (int e = wr.Start(p, o, kMoreThanASocketTakes)) return e;
@@ -101,8 +103,14 @@ int WriterAfterH(ChildPipe p, QpOpts o, bool at_once) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (int e = write(0x5a, 32)) return e;
   if (!p.Send(Window{wr.c.b->addr(), wr.c.b->rkey()})) return 19;
-  char done;
-  p.Recv(&done);
+  char step;
+  while (p.Recv(&step) && step == 'c') {
+    const uint8_t* last = wr.c.b->data() + kMoreThanASocketTakes - 1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (Peek(last) != kLastWrite && std::chrono::steady_clock::now() < until) {
+    }
+    if (!p.Send(Peek(last) == kLastWrite)) return 20;
+  }
   return 0;
 }
 
@@ -151,9 +159,10 @@ class SocketLease : public VerbsTest {
   // 1,000 times and spins on memory: the last WRITE comes after the lease ran out. Last, WRITEs a
   // stream to the child, whose requests the TCP link holds for an EPOLLOUT (TcpChannel::
   // DeferLocked) that a socket out of the epoll set never reports: they must leave all the same.
-  // Then one WRITE larger than the socket takes at once: the rest waits for room, which that
-  // socket's EPOLLOUT never reports either. This QP never retransmits (timeout 0), which would
-  // send them too.
+  // Then WRITEs larger than the socket takes at once: the rest waits for room, which that
+  // socket's EPOLLOUT never reports either. The first is polled for (the poller reads the socket);
+  // for the second the application calls nothing until the child has it all (the progress thread
+  // reads the socket). This QP never retransmits (timeout 0), which would send them too.
   void WriteLandsWhereEpollAddsFail(bool at_once) {
     QpOpts o;
     o.timeout = 0;
@@ -201,11 +210,23 @@ class SocketLease : public VerbsTest {
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     Buffer* big = Buf(kMoreThanASocketTakes);
     ASSERT_NE(big, nullptr);
+    std::memset(big->data(), kLastWrite - 1, kMoreThanASocketTakes);
     ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *big, 0, kMoreThanASocketTakes, child_buffer.addr,
                        child_buffer.rkey, kStream),
               0);
     ASSERT_TRUE(PollOne(a->scq, &wc, std::chrono::seconds(10)))
         << "the rest of a WRITE the socket did not take at once never left";
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    std::memset(big->data(), kLastWrite, kMoreThanASocketTakes);
+    ASSERT_EQ(PostRdma(a->qp, IBV_WR_RDMA_WRITE, *big, 0, kMoreThanASocketTakes, child_buffer.addr,
+                       child_buffer.rkey, kStream + 1),
+              0);
+    ASSERT_TRUE(child.Send('c'));
+    bool arrived = false;
+    ASSERT_TRUE(child.Recv(&arrived, std::chrono::seconds(20)));
+    EXPECT_TRUE(arrived) << "with nobody polling, the rest of a WRITE the socket did not take at "
+                            "once never left";
+    ASSERT_TRUE(PollOne(a->scq, &wc, std::chrono::seconds(10)));
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_TRUE(child.Send('x'));
     EXPECT_EQ(child.Wait(), 0) << "the writer's own completions went wrong";
