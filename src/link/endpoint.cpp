@@ -999,6 +999,10 @@ bool Endpoint::Impl::ShmPrepareSleep() {
   return idle && !sink.DirectWorkPending();
 }
 
+bool Endpoint::Impl::OnProgressThread() const {
+  return t_progress_loop == this;
+}
+
 void Endpoint::Impl::ShmAwake() {
   if (shm_count.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard g(shm_mu);

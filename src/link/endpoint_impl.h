@@ -123,6 +123,8 @@ struct Endpoint::Impl {
   bool ShmPrepareSleep();
   void ShmAwake();
   int ServeShm();
+  // Whether the calling thread is this endpoint's progress thread (Loop).
+  bool OnProgressThread() const;
   // An application thread polled: the progress thread leaves the rings to pollers for
   // kShmPollLeaseNs after the last poll, and is parked (sleeping without a deadline) otherwise.
   static constexpr int64_t kShmPollLeaseNs = 200'000;

@@ -573,13 +573,19 @@ void ShmChannel::OnDoorbell() {
   uint64_t v;
   ssize_t r = sys::Read(doorbell_in_, &v, sizeof v);
   (void)r;
-  bool room;
+  bool room, waited_for_room;
   {
     std::lock_guard<std::mutex> g(tx_mu_);
-    if (!txq_.empty()) FlushLocked();
+    waited_for_room = !txq_.empty();
+    if (waited_for_room) FlushLocked();
     room = RoomFreedLocked();
   }
   if (room) ep_.sink.OnChannelRoom(*this);
+  // Rung for records our polling application took before we came: see kShmQuietNs.
+  if (app_took_ && !waited_for_room && !room && ep_.OnProgressThread() &&
+      ready_.load(std::memory_order_acquire) && rx_.Empty())
+    rx_.AskQuiet(NowNs() + kShmQuietNs);
+  app_took_ = false;
   ServeBuffered();
 }
 
@@ -623,6 +629,7 @@ void ShmChannel::ServeBuffered() {
     // stopped polling and ring (ib_send_bw 2 B: 0.7-1.4 M messages/s without, 2.1-2.5 M with).
     if (++frames % kFramesPerSeen == 0) rx_.Seen(NowNs());
   }
+  if (frames > 0 && !ep_.OnProgressThread()) app_took_ = true;
   if (rx_.ProducerWaiting()) Ring(doorbell_out_);
   if (!prompts_noted_ && rx_.ProducerPrompts()) {
     prompts_noted_ = true;

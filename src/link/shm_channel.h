@@ -117,6 +117,9 @@ class ShmChannel final : public ServedChannel {
   void PublishLocked();
   bool prompt_ = false;  // a record written since the last publish is awaited in memory (tx_mu_)
   bool prompts_noted_ = false;  // Endpoint::Impl::shm_prompted is set for ours (progress_mu)
+  // An application thread took records from the ring since the last doorbell (progress_mu): a
+  // doorbell then found empty came for records it took (kShmQuietNs).
+  bool app_took_ = false;
   bool WriteHelloLocked();
   bool HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed);
   void EndFrame();

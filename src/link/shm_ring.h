@@ -36,6 +36,14 @@ constexpr int64_t kShmConsumerIdleNs = 20'000;
 // whose application polled once and then waited elsewhere left them to its progress thread's lease,
 // 0.2-1 ms (ib_write_lat by frames: 100-500 us per message).
 constexpr int64_t kShmUnrungCheckNs = 5'000;
+// A doorbell whose records the consumer's application took before its progress thread came (the
+// application was polling, only slow for a moment: its core was taken) asks the producer for this
+// long without the doorbells of the two rules above (ShmRingConsumer::AskQuiet). On a host with no
+// idle core each such doorbell woke a progress thread into a polling application's core, which
+// made the next one: ib_send_lat by frames (an SRQ) rang for one message in ten and averaged
+// 3.6-4.6 us against 1.7-2.1 in the runs that never started it. A sleeping consumer, and records
+// awaited in memory, are rung all the same.
+constexpr int64_t kShmQuietNs = 100'000;
 // kShmUnrungCheckNs, or what SOFTRDMA_SHM_UNRUNG_CHECK_NS says: tests that stretch the trust in
 // polls (SOFTRDMA_SHM_TRUST_POLL_NS) stretch this too when the doorbell must come from elsewhere.
 int64_t ShmUnrungCheckNs();
@@ -59,7 +67,8 @@ struct alignas(64) ShmRingControl {
   std::atomic<int64_t> consumer_seen_ns;   // CLOCK_MONOTONIC: an application last polled the ring
   std::atomic<uint32_t> consumer_polling;  // kConsumer*: whether an application thread polls
   std::atomic<uint32_t> producer_prompts;  // 1: the producer reads consumer_polling (see Publish)
-  char pad2[40];
+  std::atomic<int64_t> quiet_until_ns;     // CLOCK_MONOTONIC: see kShmQuietNs (0: none asked)
+  char pad2[32];
 };
 static_assert(sizeof(ShmRingControl) == 192);
 static_assert(offsetof(ShmRingControl, head) == 64);
@@ -67,6 +76,7 @@ static_assert(offsetof(ShmRingControl, consumer_asleep) == 128);
 static_assert(offsetof(ShmRingControl, consumer_seen_ns) == 136);
 static_assert(offsetof(ShmRingControl, consumer_polling) == 144);
 static_assert(offsetof(ShmRingControl, producer_prompts) == 148);
+static_assert(offsetof(ShmRingControl, quiet_until_ns) == 152);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 namespace shm_record {
@@ -160,15 +170,18 @@ class ShmRingProducer {
       prompts_told_ = true;
     }
     if (!asleep && !(prompt && ConsumerLeft()) &&
-        now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= idle_ns_) {
+        (now - c_->consumer_seen_ns.load(std::memory_order_relaxed) <= idle_ns_ ||
+         (!prompt && Quiet(now)))) {
       if (unrung_since_ == 0) {
         unrung_since_ = now;
         unrung_until_ = tail_;
       }
+      unrung_prompt_ = unrung_prompt_ || prompt;
       return false;
     }
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);
     unrung_since_ = 0;
+    unrung_prompt_ = false;
     rung_until_ = tail_;
     return true;
   }
@@ -178,14 +191,17 @@ class ShmRingProducer {
   // the producer's own polls; reads the consumer's head only when such records wait.
   bool UnrungStalled(int64_t now) {
     if (unrung_since_ == 0 || now - unrung_since_ < unrung_check_ns_) return false;
+    if (!unrung_prompt_ && Quiet(now)) return false;  // looked at again once the quiet ends
     head_seen_ = c_->head.load(std::memory_order_acquire);
     if (head_seen_ - unrung_until_ < uint64_t{1} << 63) {  // those taken (head >= mark)
       // Later ones, if any, get their own time.
       unrung_since_ = head_seen_ == tail_ ? 0 : now;
       unrung_until_ = tail_;
+      unrung_prompt_ = unrung_prompt_ && unrung_since_ != 0;
       return false;
     }
     unrung_since_ = 0;
+    unrung_prompt_ = false;
     rung_until_ = tail_;
     c_->consumer_seen_ns.store(now, std::memory_order_relaxed);  // a doorbell counts as a poll
     return true;
@@ -218,10 +234,14 @@ class ShmRingProducer {
   uint8_t* data_ = nullptr;
   int64_t idle_ns_ = kShmConsumerIdleNs;
   int64_t unrung_check_ns_ = kShmUnrungCheckNs;
-  int64_t unrung_since_ = 0;   // when records were first published without a doorbell, 0: none
-  uint64_t unrung_until_ = 0;  // the tail then: all those records are taken once head reaches it
-  uint64_t rung_until_ = 0;    // the tail at the last doorbell: the woken consumer takes those
+  int64_t unrung_since_ = 0;    // when records were first published without a doorbell, 0: none
+  uint64_t unrung_until_ = 0;   // the tail then: all those records are taken once head reaches it
+  uint64_t rung_until_ = 0;     // the tail at the last doorbell: the woken consumer takes those
+  bool unrung_prompt_ = false;  // some of those unrung records are awaited in memory
   bool prompts_told_ = false;
+  // The consumer asked for no doorbell for records its application takes (kShmQuietNs). Its line
+  // is the one Publish reads the consumer's flags from.
+  bool Quiet(int64_t now) const { return now < c_->quiet_until_ns.load(std::memory_order_relaxed); }
   // Whether no application thread of the consumer polls (it took completions and left: it may be
   // spinning on the memory a record is to change) and the last doorbell's records are taken (a
   // consumer serving them sees later ones before it sleeps).
@@ -285,6 +305,8 @@ class ShmRingConsumer {
   }
   // An application thread polled (or is about to serve) the ring at `now_ns`.
   void Seen(int64_t now_ns) { c_->consumer_seen_ns.store(now_ns, std::memory_order_relaxed); }
+  // A doorbell came for records our application took itself: see kShmQuietNs.
+  void AskQuiet(int64_t until_ns) { c_->quiet_until_ns.store(until_ns, std::memory_order_relaxed); }
   // Whether the producer publishes records awaited in memory, and so reads consumer_polling:
   // otherwise Polling and Leaving are left out (a fenced store on every poll that found
   // completions cost ib_send_lat 0.275 -> 0.32 us).

@@ -183,6 +183,34 @@ TEST(ShmRing, AWriteRingsAConsumerWhoseApplicationTookCompletionsAndLeft) {
   ASSERT_EQ(r.Take(), 6);
 }
 
+// A consumer whose application took the records a doorbell was rung for asks for quiet: on a host
+// with no idle core each such doorbell woke its progress thread into a polling application's core,
+// which made the next one (ib_send_lat by frames averaged 3.6-4.6 us instead of 1.7-2.1). While
+// it lasts, records it does not await in memory ring neither for an idle consumer nor when left
+// untaken; a sleeping consumer and records awaited in memory are rung as ever.
+TEST(ShmRing, AConsumerThatAskedForQuietIsRungOnlyWhenItSleepsOrAwaitsMemory) {
+  RingFixture r;
+  r.rx.Seen(r.now);
+  r.rx.AskQuiet(r.now + kShmQuietNs);
+  r.now += kShmConsumerIdleNs + 1;
+  EXPECT_FALSE(r.PutRings(1, false)) << "idle, but quiet: no doorbell";
+  EXPECT_FALSE(r.tx.UnrungStalled(r.now + kShmUnrungCheckNs)) << "untaken, but quiet";
+  EXPECT_TRUE(r.PutRings(2, true)) << "awaited in memory: the idle consumer is rung";
+  ASSERT_EQ(r.Take(), 1);
+  ASSERT_EQ(r.Take(), 2);
+
+  r.rx.Seen(r.now);
+  EXPECT_FALSE(r.PutRings(3, false));
+  r.now = r.ctl.quiet_until_ns.load() + 1;
+  EXPECT_TRUE(r.tx.UnrungStalled(r.now)) << "the quiet is over: left untaken, it is rung for";
+  ASSERT_EQ(r.Take(), 3);
+
+  r.rx.AskQuiet(r.now + kShmQuietNs);
+  EXPECT_TRUE(r.rx.PrepareSleep());
+  EXPECT_TRUE(r.PutRings(4, false)) << "a sleeping consumer is rung, quiet or not";
+  ASSERT_EQ(r.Take(), 4);
+}
+
 TEST(ShmRing, ATailMovedBeyondTheRingReadsAsMoreThanTheRingHolds) {
   RingFixture r;
   r.ctl.tail.store(uint64_t{kShmRingBytes} * 3);  // what a hostile producer may write
