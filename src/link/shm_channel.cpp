@@ -629,7 +629,9 @@ void ShmChannel::ServeBuffered() {
     // stopped polling and ring (ib_send_bw 2 B: 0.7-1.4 M messages/s without, 2.1-2.5 M with).
     if (++frames % kFramesPerSeen == 0) rx_.Seen(NowNs());
   }
-  if (frames > 0 && !ep_.OnProgressThread()) app_took_ = true;
+  // Only until set (the next doorbell clears it): which thread this is costs a call and a TLS
+  // lookup, which every batch an application served paid.
+  if (frames > 0 && !app_took_ && !ep_.OnProgressThread()) app_took_ = true;
   if (rx_.ProducerWaiting()) Ring(doorbell_out_);
   if (!prompts_noted_ && rx_.ProducerPrompts()) {
     prompts_noted_ = true;
