@@ -49,9 +49,13 @@ void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
 // Owner side. Every function here runs under the QP's lock.
 
 void Qp::OpenDirectRecvLocked() {
-  if (direct_rq_ || direct_rq_refused_ || type_ != IBV_QPT_RC || !rq_ || shut_down_) return;
+  if (direct_rq_ || direct_rq_refused_ || type_ != IBV_QPT_RC || shut_down_) return;
+  // An SRQ lends only to its one user, and only WQEs of the QP's own PD: a sender checks the
+  // buffers against the PD the endpoint names.
+  if (srq_ ? !srq_->SoleUser(this) || srq_->pd() != pd_ : !rq_) return;
   if (state_ != IBV_QPS_RTR && state_ != IBV_QPS_RTS) return;
   if (!av_.channel || !av_.channel->direct()) return;  // not a same-host peer we reach directly
+  if (!rq_) rq_ = std::make_unique<RecvQueue>(kDirectRecvSlots, srq_->max_sge(), false);
   DirectRecvQueue* q = link::SharedWindows::Get().ClaimRecvQueue(qpn_);
   if (!q) {
     direct_rq_refused_ = true;  // another QP's number shares the block: frames only
@@ -73,6 +77,7 @@ void Qp::RefillDirectRecvMoreLocked(bool idle) {
   DirectRecvQueue* q = DirectRqLocked();
   const uint32_t published = direct_posted_ - direct_collected_;
   if (q && published > kDirectRecvSlots / 2) return;
+  if (q && srq_) BorrowFromSrqLocked();
   const uint32_t queued = rq_->size();
   if (!q || queued == published) {  // nothing (more) to publish: nothing is due either
     SetRefillDueLocked(false);
@@ -234,6 +239,7 @@ int Qp::CollectFromLocked(DirectRecvQueue* q, ibv_wc* out, int room) {
     }
     wc.wr_id = w->wr_id;
     rq_->DropFront();
+    if (srq_) srq_->ConsumeLent(1);  // before the completion: see Srq::ConsumeLent
     ++direct_collected_;
     any = true;
     wc.opcode = (flags & dr::kRdma) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
@@ -329,15 +335,49 @@ bool Qp::TakePublishedLocked(DirectRecvQueue* q, uint32_t to) {
 // compare-and-swap, as the peer takes them; those the peer took come first.
 bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
   DirectRecvQueue* q = DirectRqLocked();
-  if (!q) return rq_->Pop(out);
+  if (!q) return PopOwnRecvLocked(out);
   CollectDirectRecvsLocked();
   if (dr::TakenCount(q->taken.load(std::memory_order_acquire)) != direct_collected_)
     return false;  // the peer is placing one: this SEND overtook it (the peer sent it after)
   if (direct_collected_ != direct_posted_ && !TakePublishedLocked(q, direct_collected_ + 1))
     return false;
-  if (!rq_->Pop(out)) return false;
+  if (!PopOwnRecvLocked(out)) return false;
   RefillDirectRecvLocked(false);
   return true;
+}
+
+// The head of rq_; with an SRQ, what it lent first, then its own head.
+bool Qp::PopOwnRecvLocked(RecvWqe* out) {
+  if (!srq_) return rq_->Pop(out);
+  if (!rq_->Pop(out)) return srq_->PopForQp(out);
+  srq_->ConsumeLent(1);
+  return true;
+}
+
+// Fills rq_ with what the SRQ lends, up to what can be published.
+void Qp::BorrowFromSrqLocked() {
+  const uint32_t held = rq_->size();
+  if (held < kDirectRecvSlots) srq_->Lend(this, *rq_, kDirectRecvSlots - held);
+}
+
+// What the SRQ lent and no message took goes back to it, once no peer may take it (the queue is
+// closed: CloseDirectRecvLocked).
+void Qp::ReturnBorrowedLocked() {
+  if (rq_ && !DirectRqLocked()) srq_->ReturnLent(rq_->Drain());
+}
+
+void Qp::OfferSrqWqes() {
+  std::lock_guard g(mu_);
+  if (direct_rq_)
+    RefillDirectRecvLocked(false);
+  else
+    OpenDirectRecvLocked();
+}
+
+void Qp::StopBorrowing() {
+  std::lock_guard g(mu_);
+  CloseDirectRecvLocked();
+  ReturnBorrowedLocked();
 }
 
 // Takes back every published WQE the peer has not taken: from now on they are the owner's (the

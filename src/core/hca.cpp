@@ -129,6 +129,8 @@ std::shared_ptr<Qp> Hca::CreateQp(Context& ctx, const Qp::Init& init, int* err, 
                          [this](uint32_t n) { return qps_.count(n) != 0; });
   auto qp = std::make_shared<Qp>(ctx, qpn, init);
   qps_.emplace(qpn, qp);
+  g.unlock();
+  if (init.srq && init.srq->srqn() == 0) init.srq->Attach(qp);  // Qp::Shutdown detaches it
   return qp;
 }
 

@@ -267,7 +267,10 @@ void Qp::ResetLocked() {
   hold_for_direct_ = false;
   room_wait_until_ = 0;
   CloseDirectRecvLocked();
-  if (rq_) rq_->Drain();
+  if (srq_)
+    ReturnBorrowedLocked();
+  else if (rq_)
+    rq_->Drain();
   rq_psn_ = sq_psn_ = msn_ = 0;
   rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
   ack_channel_.reset();
@@ -302,7 +305,10 @@ void Qp::EnterErrorLocked() {
   ack_pending_ = false;
   ResumeWaitingLocked();
   CloseDirectRecvLocked();  // what the peer placed completes before the flushed WQEs
-  if (rq_) {
+  if (srq_) {
+    ReturnBorrowedLocked();  // the SRQ's, for its other QPs: never flushed
+    if (!was_error) RaiseAsync(IBV_EVENT_QP_LAST_WQE_REACHED);
+  } else if (rq_) {
     for (const RecvWqe& r : rq_->Drain()) {
       ibv_wc wc{};
       wc.wr_id = r.wr_id;
@@ -311,8 +317,6 @@ void Qp::EnterErrorLocked() {
       wc.qp_num = qpn_;
       PushCompletionLocked(recv_cq_, wc, false);
     }
-  } else if (!was_error && srq_) {
-    RaiseAsync(IBV_EVENT_QP_LAST_WQE_REACHED);
   }
 }
 
@@ -559,6 +563,7 @@ void Qp::Shutdown() {
   ResumeWaitingLocked();
   PublishEndpointLocked();  // closed to direct access
   CloseDirectRecvLocked();
+  if (srq_) ReturnBorrowedLocked();
   if (staging_) {  // the closed block's senders are done with it
     staging_.reset();
     hca_.NoteStaging(-1);
@@ -571,6 +576,7 @@ void Qp::Shutdown() {
     g.lock();
   }
   g.unlock();
+  if (srq_) srq_->Detach(this);
   // What this QP sent or acknowledged leaves the host before the application may exit.
   hca_.WaitTxIdle(kTxFlushMaxNs);
   hca_.RemoveQp(qpn_);

@@ -128,6 +128,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   // Waits for inbound frames that target the QP to finish, then detaches it from the HCA.
   void Shutdown();
+  // Its SRQ's (recv_queue.h): WQEs came, which this QP, the SRQ's only user, may borrow and
+  // publish; and another user came, so what it borrowed goes back.
+  void OfferSrqWqes();
+  void StopBorrowing();
 
   // Inbound frames (progress thread). RxHeader fills `t` with where the payload goes.
   void RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
@@ -258,6 +262,10 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   void CloseDirectRecvLocked();
   // The own receive queue's next WQE, for a SEND that came as a frame; and back when it failed.
   bool TakeOwnRecvLocked(RecvWqe* out);
+  bool PopOwnRecvLocked(RecvWqe* out);
+  // With an SRQ, rq_ holds the WQEs it lent this QP (Srq::Lend), the head of what it publishes.
+  void BorrowFromSrqLocked();
+  void ReturnBorrowedLocked();
   void ReturnRecvLocked(const RecvWqe& w);
   static uint32_t NonEmptySges(const RecvWqe& w);
   int ValidateWr(const ibv_send_wr& wr, bool type1_bind = false) const;

@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/limits.h"
+#include "core/qp.h"
 
 namespace softrdma::core {
 
@@ -16,7 +17,7 @@ int RecvQueue::Post(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    if (count_ == ring_.size()) {
+    if (HeldLocked() >= ring_.size()) {
       *bad = wr;
       return ENOMEM;
     }
@@ -57,10 +58,18 @@ const RecvWqe* RecvQueue::At(uint32_t i) const {
 
 void RecvQueue::PushFront(const RecvWqe& w) {
   Guard g(*this);
-  if (count_ == ring_.size()) return;  // cannot happen: the WQE came from this ring
+  if (HeldLocked() >= ring_.size()) return;  // cannot happen: the WQE came from this ring
   head_ = Wrap(head_, ring_.size() - 1);
   ring_[head_] = w;
   ++count_;
+}
+
+bool RecvQueue::PushBack(const RecvWqe& w) {
+  Guard g(*this);
+  if (HeldLocked() >= ring_.size()) return false;
+  ring_[Wrap(head_, count_)] = w;
+  ++count_;
+  return true;
 }
 
 std::vector<RecvWqe> RecvQueue::Drain() {
@@ -80,26 +89,90 @@ uint32_t RecvQueue::size() const {
   return static_cast<uint32_t>(count_);
 }
 
+bool Srq::CrossedLimitLocked() {
+  const uint32_t limit = limit_.load(std::memory_order_relaxed);
+  if (limit == 0 || HeldLocked() >= limit) return false;
+  limit_.store(0, std::memory_order_relaxed);  // one event per arming, as ibv_modify_srq(3) says
+  return true;
+}
+
+void Srq::RaiseLimitReached() {
+  ibv_async_event e{};
+  e.element.srq = static_cast<ibv_srq*>(user_handle_);
+  e.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+  ctx_.RaiseAsync(e);
+}
+
 bool Srq::PopForQp(RecvWqe* out) {
-  bool fire = false;
+  bool fire;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (count_ == 0) return false;
     *out = ring_[head_];
     head_ = Wrap(head_, 1);
     --count_;
-    if (limit_ != 0 && count_ < limit_) {
-      limit_ = 0;  // one event per arming, as ibv_modify_srq(3) says
-      fire = true;
-    }
+    fire = CrossedLimitLocked();
   }
-  if (fire) {
-    ibv_async_event e{};
-    e.element.srq = static_cast<ibv_srq*>(user_handle_);
-    e.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
-    ctx_.RaiseAsync(e);
-  }
+  if (fire) RaiseLimitReached();
   return true;
+}
+
+int Srq::PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
+  const int r = Post(wr, bad);
+  if (sole_.load(std::memory_order_relaxed) == nullptr) return r;
+  std::lock_guard<std::mutex> g(users_mu_);  // keeps the borrower from going meanwhile
+  if (users_.size() == 1)
+    if (std::shared_ptr<Qp> qp = users_[0].qp.lock()) qp->OfferSrqWqes();
+  return r;
+}
+
+void Srq::Attach(const std::shared_ptr<Qp>& qp) {
+  std::lock_guard<std::mutex> g(users_mu_);
+  users_.push_back(User{qp.get(), qp});
+  sole_.store(users_.size() == 1 ? qp.get() : nullptr, std::memory_order_release);
+  // After sole_ changed: a borrow that began before it ends before StopBorrowing takes the lock.
+  if (users_.size() == 2)
+    if (std::shared_ptr<Qp> first = users_[0].qp.lock()) first->StopBorrowing();
+}
+
+void Srq::Detach(const Qp* qp) {
+  std::lock_guard<std::mutex> g(users_mu_);
+  std::erase_if(users_, [qp](const User& u) { return u.id == qp; });
+  // The one left borrows from its next ibv_post_srq_recv on.
+  sole_.store(users_.size() == 1 ? users_[0].id : nullptr, std::memory_order_release);
+}
+
+uint32_t Srq::Lend(const Qp* qp, RecvQueue& into, uint32_t n) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint32_t lent = 0;
+  for (; lent < n && count_ > 0 && SoleUser(qp); ++lent) {
+    if (!into.PushBack(ring_[head_])) break;
+    head_ = Wrap(head_, 1);
+    --count_;
+    lent_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return lent;
+}
+
+void Srq::ConsumeLent(uint32_t n) {
+  lent_.fetch_sub(n, std::memory_order_relaxed);
+  if (limit_.load(std::memory_order_relaxed) == 0) return;  // not armed: no lock per message
+  bool fire;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    fire = CrossedLimitLocked();
+  }
+  if (fire) RaiseLimitReached();
+}
+
+void Srq::ReturnLent(const std::vector<RecvWqe>& unused) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = unused.rbegin(); it != unused.rend(); ++it) {
+    head_ = Wrap(head_, ring_.size() - 1);
+    ring_[head_] = *it;
+    ++count_;
+    lent_.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 int Srq::Modify(const ibv_srq_attr& attr, int mask) {
@@ -111,7 +184,7 @@ int Srq::Modify(const ibv_srq_attr& attr, int mask) {
   }
   if (mask & IBV_SRQ_LIMIT) {
     if (attr.srq_limit > ring_.size()) return EINVAL;
-    limit_ = attr.srq_limit;
+    limit_.store(attr.srq_limit, std::memory_order_relaxed);
   }
   return 0;
 }
@@ -120,7 +193,7 @@ void Srq::Query(ibv_srq_attr* attr) const {
   std::lock_guard<std::mutex> g(mu_);
   attr->max_wr = static_cast<uint32_t>(ring_.size());
   attr->max_sge = max_sge_;
-  attr->srq_limit = limit_;
+  attr->srq_limit = limit_.load(std::memory_order_relaxed);
 }
 
 }  // namespace softrdma::core

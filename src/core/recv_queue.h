@@ -3,6 +3,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@ namespace softrdma::core {
 class Context;
 class Cq;
 struct Pd;
+class Qp;
 struct Xrcd;
 
 struct RecvWqe {
@@ -42,6 +44,8 @@ class RecvQueue {
   // the request was refused after the WQE was taken): the next message uses it, as on hardware
   // where an unfinished message leaves the WQE at the head of the queue.
   void PushFront(const RecvWqe& w);
+  // Queues a WQE posted elsewhere (an SRQ's, lent: Srq::Lend) behind the others; false when full.
+  bool PushBack(const RecvWqe& w);
   // Takes every queued WQE (for flushing).
   std::vector<RecvWqe> Drain();
   uint32_t size() const;
@@ -68,6 +72,11 @@ class RecvQueue {
   uint32_t max_sge_;
   std::vector<RecvWqe> ring_;
   size_t head_ = 0, count_ = 0;
+  // WQEs an SRQ lent to a QP (Srq::Lend): no longer in the ring, still counted against its
+  // capacity and its limit until consumed or returned. Consumed without the lock
+  // (Srq::ConsumeLent), before the completion is seen: a post that follows it finds the room.
+  std::atomic<uint32_t> lent_{0};
+  size_t HeldLocked() const { return count_ + lent_.load(std::memory_order_relaxed); }
   // Index i positions after `from`, for i < ring size (a division per WQE costs more than the
   // rest of taking one).
   size_t Wrap(size_t from, size_t i) const {
@@ -83,6 +92,24 @@ class Srq : public RecvQueue {
 
   // Pops and raises IBV_EVENT_SRQ_LIMIT_REACHED when the armed limit is crossed.
   bool PopForQp(RecvWqe* out);
+
+  // ibv_post_srq_recv: queues, then offers what came to the QP that borrows (below).
+  int PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
+  // A QP that is the only one taking from this SRQ may borrow WQEs to publish them to a same-host
+  // peer, whose SENDs then land without frames (direct_recv.cpp): a SENDer cannot take from a queue
+  // other QPs take from too. A second QP ends the borrowing (what was lent comes back), so that no
+  // QP finds the SRQ empty while another holds WQEs idle. Lent WQEs stay the SRQ's for
+  // ibv_post_srq_recv's room and for the limit until a message consumes them.
+  void Attach(const std::shared_ptr<Qp>& qp);
+  void Detach(const Qp* qp);
+  bool SoleUser(const Qp* qp) const { return sole_.load(std::memory_order_acquire) == qp; }
+  // Up to `n` WQEs moved into `into` (the borrowing QP's, under its lock) while `qp` is the only
+  // user; how many.
+  uint32_t Lend(const Qp* qp, RecvQueue& into, uint32_t n);
+  // `n` lent WQEs took messages (the limit may fire): before their completions are pushed, for
+  // the room ibv_post_srq_recv finds. Or they came back unused, in order.
+  void ConsumeLent(uint32_t n);
+  void ReturnLent(const std::vector<RecvWqe>& unused);
   int Modify(const ibv_srq_attr& attr, int mask);
   void Query(ibv_srq_attr* attr) const;
   const Pd* pd() const { return pd_; }
@@ -103,7 +130,18 @@ class Srq : public RecvQueue {
   Context& ctx_;
   const Pd* pd_;
   void* user_handle_;
-  uint32_t limit_ = 0;  // 0 = disarmed
+  std::atomic<uint32_t> limit_{0};  // 0 = disarmed; written under mu_
+  // Under mu_: the armed limit is crossed (it disarms); the caller raises the event, unlocked.
+  bool CrossedLimitLocked();
+  void RaiseLimitReached();
+  // Guards users_; taken before any QP's lock (Attach stops a borrower under it), never under one.
+  std::mutex users_mu_;
+  struct User {
+    const Qp* id;
+    std::weak_ptr<Qp> qp;
+  };
+  std::vector<User> users_;
+  std::atomic<const Qp*> sole_{nullptr};
   std::shared_ptr<Xrcd> xrcd_;
   Cq* cq_ = nullptr;
   uint32_t srqn_ = 0;

@@ -30,32 +30,10 @@ namespace {
 
 using namespace semantics;
 
-constexpr size_t kRegion = 64 << 10;
+using Region = ShareableRegion;
+constexpr size_t kRegion = Region::kBytes;
 // An int, not the enum: ibv_reg_mr's macro ORs it with another enum's value (clang warns).
 constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
-
-// Page-aligned anonymous memory, registered: the shared-memory link can share it.
-struct Region {
-  uint8_t* p = nullptr;
-  ibv_mr* mr = nullptr;
-  bool Make(ibv_pd* pd) {
-    void* m = mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return false;
-    p = static_cast<uint8_t*>(m);
-    mr = ibv_reg_mr(pd, p, kRegion, kAllAccess);
-    return mr != nullptr;
-  }
-  ~Region() { Free(); }
-  void Free() {
-    if (mr) ibv_dereg_mr(mr);
-    if (p) munmap(p, kRegion);
-    mr = nullptr;
-    p = nullptr;
-  }
-  ibv_sge Sge(size_t off, uint32_t len) const {
-    return ibv_sge{reinterpret_cast<uintptr_t>(p) + off, len, mr->lkey};
-  }
-};
 
 uint8_t Pattern(size_t i) {
   return static_cast<uint8_t>(i * 31 + 7);

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -170,6 +171,32 @@ struct Buffer {
   uint64_t& u64(size_t index) const { return storage[index]; }
   ibv_sge Sge(size_t off, uint32_t length) const { return ibv_sge{addr(off), length, lkey()}; }
   void Fill(uint8_t v) const { std::memset(data(), v, len); }
+};
+
+// Whole pages of anonymous memory, registered: what a same-host peer on the shared-memory link
+// reaches directly (smaller or partial-page regions stay private, and messages for them go by
+// frames or through a staging area).
+struct ShareableRegion {
+  static constexpr size_t kBytes = 64 << 10;
+  uint8_t* p = nullptr;
+  ibv_mr* mr = nullptr;
+  bool Make(ibv_pd* pd) {
+    void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return false;
+    p = static_cast<uint8_t*>(m);
+    mr = ibv_reg_mr(pd, p, kBytes, kAllAccess);
+    return mr != nullptr;
+  }
+  ~ShareableRegion() { Free(); }
+  void Free() {
+    if (mr) ibv_dereg_mr(mr);
+    if (p) munmap(p, kBytes);
+    mr = nullptr;
+    p = nullptr;
+  }
+  ibv_sge Sge(size_t off, uint32_t len) const {
+    return ibv_sge{reinterpret_cast<uintptr_t>(p) + off, len, mr->lkey};
+  }
 };
 
 // ---- Queue pairs ------------------------------------------------------------------------------
@@ -408,14 +435,17 @@ inline int PostRecvSge(ibv_qp* qp, const ibv_sge& sge, uint64_t wr_id) {
 inline int PostRecv(ibv_qp* qp, const Buffer& b, size_t off, uint32_t len, uint64_t wr_id) {
   return PostRecvSge(qp, b.Sge(off, len), wr_id);
 }
-inline int PostSrqRecv(ibv_srq* srq, const Buffer& b, size_t off, uint32_t len, uint64_t wr_id) {
-  ibv_sge sge = b.Sge(off, len);
+inline int PostSrqRecvSge(ibv_srq* srq, const ibv_sge& sge, uint64_t wr_id) {
+  ibv_sge copy = sge;
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
-  wr.sg_list = &sge;
+  wr.sg_list = &copy;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   return ibv_post_srq_recv(srq, &wr, &bad);
+}
+inline int PostSrqRecv(ibv_srq* srq, const Buffer& b, size_t off, uint32_t len, uint64_t wr_id) {
+  return PostSrqRecvSge(srq, b.Sge(off, len), wr_id);
 }
 
 // ---- Resources --------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ int GetSrqNum(ibv_srq* srq, uint32_t* srq_num) {
 
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   const ibv_recv_wr* b = nullptr;
-  int r = VerbsSrq::From(srq)->core->Post(wr, &b);
+  int r = VerbsSrq::From(srq)->core->PostAndOffer(wr, &b);
   if (r && bad) *bad = const_cast<ibv_recv_wr*>(b);
   return r;
 }
