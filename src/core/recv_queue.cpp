@@ -119,7 +119,8 @@ bool Srq::PopForQp(RecvWqe* out) {
 
 int Srq::PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   const int r = Post(wr, bad);
-  if (sole_.load(std::memory_order_relaxed) == nullptr) return r;
+  // After Post's unlock: a Lend that found the SRQ short before it set wanted_ under that lock.
+  if (!wanted_.load(std::memory_order_relaxed) || !sole_.load(std::memory_order_relaxed)) return r;
   std::lock_guard<std::mutex> g(users_mu_);  // keeps the borrower from going meanwhile
   if (users_.size() == 1)
     if (std::shared_ptr<Qp> qp = users_[0].qp.lock()) qp->OfferSrqWqes();
@@ -140,6 +141,7 @@ void Srq::Detach(const Qp* qp) {
   std::erase_if(users_, [qp](const User& u) { return u.id == qp; });
   // The one left borrows from its next ibv_post_srq_recv on.
   sole_.store(users_.size() == 1 ? users_[0].id : nullptr, std::memory_order_release);
+  wanted_.store(true, std::memory_order_relaxed);
 }
 
 uint32_t Srq::Lend(const Qp* qp, RecvQueue& into, uint32_t n) {
@@ -151,6 +153,7 @@ uint32_t Srq::Lend(const Qp* qp, RecvQueue& into, uint32_t n) {
     --count_;
     lent_.fetch_add(1, std::memory_order_relaxed);
   }
+  wanted_.store(lent < n, std::memory_order_relaxed);
   return lent;
 }
 

@@ -142,6 +142,9 @@ class Srq : public RecvQueue {
   };
   std::vector<User> users_;
   std::atomic<const Qp*> sole_{nullptr};
+  // The borrower's last Lend found fewer WQEs than it had room for: the next post is offered to it.
+  // Otherwise a post costs no more than the post (the borrower refills as messages consume).
+  std::atomic<bool> wanted_{true};
   std::shared_ptr<Xrcd> xrcd_;
   Cq* cq_ = nullptr;
   uint32_t srqn_ = 0;
