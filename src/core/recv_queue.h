@@ -93,10 +93,11 @@ class Srq : public RecvQueue {
   // Pops and raises IBV_EVENT_SRQ_LIMIT_REACHED when the armed limit is crossed.
   bool PopForQp(RecvWqe* out);
 
-  // ibv_post_srq_recv: queues, then offers what came to the QP that borrows (below).
+  // ibv_post_srq_recv: queues, then offers what came to the QP that borrows (below) when its last
+  // borrow found the SRQ short.
   int PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   // A QP that is the only one taking from this SRQ may borrow WQEs to publish them to a same-host
-  // peer, whose SENDs then land without frames (direct_recv.cpp): a SENDer cannot take from a queue
+  // peer, whose SENDs then land without frames (direct_recv.cpp): a sender cannot take from a queue
   // other QPs take from too. A second QP ends the borrowing (what was lent comes back), so that no
   // QP finds the SRQ empty while another holds WQEs idle. Lent WQEs stay the SRQ's for
   // ibv_post_srq_recv's room and for the limit until a message consumes them.
@@ -106,9 +107,10 @@ class Srq : public RecvQueue {
   // Up to `n` WQEs moved into `into` (the borrowing QP's, under its lock) while `qp` is the only
   // user; how many.
   uint32_t Lend(const Qp* qp, RecvQueue& into, uint32_t n);
-  // `n` lent WQEs took messages (the limit may fire): before their completions are pushed, for
-  // the room ibv_post_srq_recv finds. Or they came back unused, in order.
+  // `n` lent WQEs took messages (the limit may fire); called before their completions are pushed,
+  // so that a post made on seeing one finds the room.
   void ConsumeLent(uint32_t n);
+  // Lent WQEs no message took come back to the head of the SRQ, in their order.
   void ReturnLent(const std::vector<RecvWqe>& unused);
   int Modify(const ibv_srq_attr& attr, int mask);
   void Query(ibv_srq_attr* attr) const;
