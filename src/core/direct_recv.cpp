@@ -364,12 +364,6 @@ void Qp::BorrowFromSrqLocked() {
   if (held < kDirectRecvSlots) srq_->Lend(this, *rq_, kDirectRecvSlots - held);
 }
 
-// What the SRQ lent and no message took goes back to it, once no peer may take it (the queue is
-// closed: CloseDirectRecvLocked).
-void Qp::ReturnBorrowedLocked() {
-  if (rq_ && !DirectRqLocked()) srq_->ReturnLent(rq_->Drain());
-}
-
 void Qp::OfferSrqWqes() {
   std::lock_guard g(mu_);
   if (direct_rq_)
@@ -381,7 +375,6 @@ void Qp::OfferSrqWqes() {
 void Qp::StopBorrowing() {
   std::lock_guard g(mu_);
   CloseDirectRecvLocked();
-  ReturnBorrowedLocked();
 }
 
 // Takes back every published WQE the peer has not taken: from now on they are the owner's (the
@@ -402,7 +395,8 @@ void Qp::ReturnRecvLocked(const RecvWqe& w) {
 }
 
 // Closes the queue to the peer and collects what it placed; WQEs it took and never finished (it
-// died inside) go back to the queue, to be flushed or used by frames.
+// died inside) go back to the queue, to be flushed or used by frames. What an SRQ lent goes back to
+// the SRQ, unflushed: it was lent to be published.
 void Qp::CloseDirectRecvLocked() {
   DirectRecvQueue* q = DirectRqLocked();
   direct_rq_ = nullptr;  // in a fork child, the parent's: left alone
@@ -410,14 +404,16 @@ void Qp::CloseDirectRecvLocked() {
   if (recv_cq_) recv_cq_->RemoveDirectFeed(direct_feed_);  // also a fork child's (q is null there)
   direct_feed_ = -1;
   next_direct_watch_.store(0, std::memory_order_relaxed);
-  if (!q) return;
-  PublishEndpointLocked();  // no kRecvRight: no sender takes a WQE once the queue is sealed
-  link::SharedWindows::SealRecvQueue(q);
-  CollectFromLocked(q);
-  link::SharedWindows::Get().ReleaseRecvQueue(q);
-  SetRefillDueLocked(false);
-  hca_.RemoveDirectRecv(this, direct_watch_);
-  direct_watch_ = -1;
+  if (q) {
+    PublishEndpointLocked();  // no kRecvRight: no sender takes a WQE once the queue is sealed
+    link::SharedWindows::SealRecvQueue(q);
+    CollectFromLocked(q);
+    link::SharedWindows::Get().ReleaseRecvQueue(q);
+    SetRefillDueLocked(false);
+    hca_.RemoveDirectRecv(this, direct_watch_);
+    direct_watch_ = -1;
+  }
+  if (srq_ && rq_) srq_->ReturnLent(rq_->Drain());
 }
 
 // A sender that took every WQE a polling owner published waits a moment for its refill (when it

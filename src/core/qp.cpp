@@ -267,10 +267,7 @@ void Qp::ResetLocked() {
   hold_for_direct_ = false;
   room_wait_until_ = 0;
   CloseDirectRecvLocked();
-  if (srq_)
-    ReturnBorrowedLocked();
-  else if (rq_)
-    rq_->Drain();
+  if (rq_) rq_->Drain();
   rq_psn_ = sq_psn_ = msn_ = 0;
   rnr_nak_outstanding_ = seq_nak_sent_ = comm_est_raised_ = ack_pending_ = false;
   ack_channel_.reset();
@@ -304,9 +301,9 @@ void Qp::EnterErrorLocked() {
   room_wait_until_ = 0;
   ack_pending_ = false;
   ResumeWaitingLocked();
-  CloseDirectRecvLocked();  // what the peer placed completes before the flushed WQEs
+  // What the peer placed completes before the flushed WQEs; what an SRQ lent goes back to it.
+  CloseDirectRecvLocked();
   if (srq_) {
-    ReturnBorrowedLocked();  // the SRQ's, for its other QPs: never flushed
     if (!was_error) RaiseAsync(IBV_EVENT_QP_LAST_WQE_REACHED);
   } else if (rq_) {
     for (const RecvWqe& r : rq_->Drain()) {
@@ -563,7 +560,6 @@ void Qp::Shutdown() {
   ResumeWaitingLocked();
   PublishEndpointLocked();  // closed to direct access
   CloseDirectRecvLocked();
-  if (srq_) ReturnBorrowedLocked();
   if (staging_) {  // the closed block's senders are done with it
     staging_.reset();
     hca_.NoteStaging(-1);

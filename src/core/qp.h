@@ -265,7 +265,6 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool PopOwnRecvLocked(RecvWqe* out);
   // With an SRQ, rq_ holds the WQEs it lent this QP (Srq::Lend), the head of what it publishes.
   void BorrowFromSrqLocked();
-  void ReturnBorrowedLocked();
   void ReturnRecvLocked(const RecvWqe& w);
   static uint32_t NonEmptySges(const RecvWqe& w);
   int ValidateWr(const ibv_send_wr& wr, bool type1_bind = false) const;

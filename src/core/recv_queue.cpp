@@ -146,8 +146,9 @@ void Srq::Detach(const Qp* qp) {
 
 uint32_t Srq::Lend(const Qp* qp, RecvQueue& into, uint32_t n) {
   std::lock_guard<std::mutex> g(mu_);
+  if (!SoleUser(qp)) return 0;
   uint32_t lent = 0;
-  for (; lent < n && count_ > 0 && SoleUser(qp); ++lent) {
+  for (; lent < n && count_ > 0; ++lent) {
     if (!into.PushBack(ring_[head_])) break;
     head_ = Wrap(head_, 1);
     --count_;

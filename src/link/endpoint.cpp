@@ -1242,7 +1242,7 @@ bool Endpoint::Impl::EndSocketLease() {
     if (--claims == 0) ArmSocketsLocked(true);
   }
   // The hot socket, out of `epfd`, would wake nobody: the progress thread puts it back.
-  if (hot_socket_out.load() && t_progress_loop != this) Wake();
+  if (hot_socket_out.load() && !OnProgressThread()) Wake();
   return true;
 }
 
@@ -1611,7 +1611,7 @@ void Endpoint::Wake() {
 }
 
 bool Endpoint::OnProgressThread() const {
-  return t_progress_loop == impl_.get();
+  return impl_->OnProgressThread();
 }
 
 void Endpoint::SecureQueuedPayloads() {
