@@ -50,9 +50,9 @@ void CopyBytes(uint8_t* to, const uint8_t* from, uint32_t n) {
 
 void Qp::OpenDirectRecvLocked() {
   if (direct_rq_ || direct_rq_refused_ || type_ != IBV_QPT_RC || shut_down_) return;
-  // An SRQ lends only to its one user, and only WQEs of the QP's own PD: a sender checks the
-  // buffers against the PD the endpoint names.
-  if (srq_ ? !srq_->SoleUser(this) || srq_->pd() != pd_ : !rq_) return;
+  // An SRQ lends only WQEs of the QP's own PD: a sender checks the buffers against the PD the
+  // endpoint names.
+  if (srq_ ? srq_->pd() != pd_ : !rq_) return;
   if (state_ != IBV_QPS_RTR && state_ != IBV_QPS_RTS) return;
   if (!av_.channel || !av_.channel->direct()) return;  // not a same-host peer we reach directly
   if (!rq_) rq_ = std::make_unique<RecvQueue>(kDirectRecvSlots, srq_->max_sge(), false);
@@ -353,15 +353,18 @@ bool Qp::TakeOwnRecvLocked(RecvWqe* out) {
 // The head of rq_; with an SRQ, what it lent first, then its own head.
 bool Qp::PopOwnRecvLocked(RecvWqe* out) {
   if (!srq_) return rq_->Pop(out);
-  if (!rq_->Pop(out)) return srq_->PopForQp(out);
+  if (!rq_->Pop(out)) return PopSrqLocked(out);
   srq_->ConsumeLent(1);
   return true;
 }
 
+bool Qp::PopSrqLocked(RecvWqe* out) {
+  return srq_->PopForQp(out) || (srq_->Reclaim(this) && srq_->PopForQp(out));
+}
+
 // Fills rq_ with what the SRQ lends, up to what can be published.
 void Qp::BorrowFromSrqLocked() {
-  const uint32_t held = rq_->size();
-  if (held < kDirectRecvSlots) srq_->Lend(this, *rq_, kDirectRecvSlots - held);
+  srq_->Lend(*rq_, kDirectRecvSlots, &srq_short_);
 }
 
 void Qp::OfferSrqWqes() {
@@ -372,9 +375,19 @@ void Qp::OfferSrqWqes() {
     OpenDirectRecvLocked();
 }
 
-void Qp::StopBorrowing() {
-  std::lock_guard g(mu_);
-  CloseDirectRecvLocked();
+// Called by another QP's responder, which holds its own lock and the SRQ's users lock: this lock
+// is only tried, a few times (its holder may be waiting for the users lock; a QP that waits for
+// another's lock while holding its own could wait for one waiting for it).
+bool Qp::GiveBackSrqWqes() {
+  std::unique_lock g(mu_, std::defer_lock);
+  for (int tries = 0; !g.try_lock(); ++tries) {
+    if (tries == kGiveBackTries) return false;
+    link::SpinPause();
+  }
+  if (!rq_ || rq_->size() == 0 || !UnpublishDirectRecvsLocked()) return false;
+  std::vector<RecvWqe> unused = rq_->Drain();  // unpublished now: every peer's take fails
+  srq_->ReturnLent(unused);
+  return true;
 }
 
 // Takes back every published WQE the peer has not taken: from now on they are the owner's (the

@@ -128,10 +128,13 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   int PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
   // Waits for inbound frames that target the QP to finish, then detaches it from the HCA.
   void Shutdown();
-  // Its SRQ's (recv_queue.h): WQEs came, which this QP, the SRQ's only user, may borrow and
-  // publish; and another user came, so what it borrowed goes back.
+  // Its SRQ's (recv_queue.h): WQEs came, which this QP may borrow and publish (asked when its last
+  // borrow found the SRQ short); and another QP found the SRQ empty, so what it borrowed and no
+  // peer took goes back (false when nothing did, or its lock stayed taken).
   void OfferSrqWqes();
-  void StopBorrowing();
+  static constexpr int kGiveBackTries = 256;  // pauses, a few microseconds in all
+  bool GiveBackSrqWqes();
+  bool BorrowFellShort() const { return srq_short_.load(std::memory_order_relaxed); }
 
   // Inbound frames (progress thread). RxHeader fills `t` with where the payload goes.
   void RxHeader(link::Channel& ch, const Packet& p, link::RxTarget& t);
@@ -265,6 +268,8 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   bool PopOwnRecvLocked(RecvWqe* out);
   // With an SRQ, rq_ holds the WQEs it lent this QP (Srq::Lend), the head of what it publishes.
   void BorrowFromSrqLocked();
+  // The SRQ's head; when it is empty, what the other QPs borrowed comes back first (Srq::Reclaim).
+  bool PopSrqLocked(RecvWqe* out);
   void ReturnRecvLocked(const RecvWqe& w);
   static uint32_t NonEmptySges(const RecvWqe& w);
   int ValidateWr(const ibv_send_wr& wr, bool type1_bind = false) const;
@@ -429,6 +434,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // [direct_collected_, direct_posted_) of the block's count are rq_'s first ones.
   link::DirectRecvQueue* direct_rq_ = nullptr;
   bool direct_rq_refused_ = false;
+  std::atomic<bool> srq_short_{false};  // Srq::Lend's: this QP's last borrow found the SRQ short
   // Published WQEs whose buffers peers cannot reach name a slot of staging_ (recv_staging.h);
   // staged_ has a bit per slot so published. staging_ is made once kStagingDemand refills wanted
   // it (StagingLocked); refused: it could not be.

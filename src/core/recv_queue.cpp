@@ -1,5 +1,6 @@
 #include "core/recv_queue.h"
 
+#include <algorithm>
 #include <cerrno>
 
 #include "core/context.h"
@@ -120,41 +121,46 @@ bool Srq::PopForQp(RecvWqe* out) {
 int Srq::PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   const int r = Post(wr, bad);
   // After Post's unlock: a Lend that found the SRQ short before it set wanted_ under that lock.
-  if (!wanted_.load(std::memory_order_relaxed) || !sole_.load(std::memory_order_relaxed)) return r;
-  std::lock_guard<std::mutex> g(users_mu_);  // keeps the borrower from going meanwhile
-  if (users_.size() == 1)
-    if (std::shared_ptr<Qp> qp = users_[0].qp.lock()) qp->OfferSrqWqes();
+  if (!wanted_.load(std::memory_order_relaxed)) return r;
+  wanted_.store(false, std::memory_order_relaxed);  // a Lend short from now on sets it again
+  std::vector<std::shared_ptr<Qp>> offered;
+  {
+    std::lock_guard<std::mutex> g(users_mu_);
+    for (const User& u : users_)
+      if (u.id->BorrowFellShort())
+        if (std::shared_ptr<Qp> qp = u.qp.lock()) offered.push_back(std::move(qp));
+  }
+  for (const std::shared_ptr<Qp>& qp : offered) qp->OfferSrqWqes();  // users_mu_ released first
   return r;
 }
 
 void Srq::Attach(const std::shared_ptr<Qp>& qp) {
   std::lock_guard<std::mutex> g(users_mu_);
   users_.push_back(User{qp.get(), qp});
-  sole_.store(users_.size() == 1 ? qp.get() : nullptr, std::memory_order_release);
-  // After sole_ changed: a borrow that began before it ends before StopBorrowing takes the lock.
-  if (users_.size() == 2)
-    if (std::shared_ptr<Qp> first = users_[0].qp.lock()) first->StopBorrowing();
+  user_count_.store(static_cast<uint32_t>(users_.size()), std::memory_order_relaxed);
 }
 
 void Srq::Detach(const Qp* qp) {
   std::lock_guard<std::mutex> g(users_mu_);
   std::erase_if(users_, [qp](const User& u) { return u.id == qp; });
-  // The one left borrows from its next ibv_post_srq_recv on.
-  sole_.store(users_.size() == 1 ? users_[0].id : nullptr, std::memory_order_release);
-  wanted_.store(true, std::memory_order_relaxed);
+  user_count_.store(static_cast<uint32_t>(users_.size()), std::memory_order_relaxed);
 }
 
-uint32_t Srq::Lend(const Qp* qp, RecvQueue& into, uint32_t n) {
+uint32_t Srq::Lend(RecvQueue& into, uint32_t up_to, std::atomic<bool>* fell_short) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!SoleUser(qp)) return 0;
+  const uint32_t users = std::max(1u, user_count_.load(std::memory_order_relaxed));
+  const uint32_t share = std::min(up_to, std::max(1u, capacity() / users));
+  const uint32_t held = into.size();
   uint32_t lent = 0;
-  for (; lent < n && count_ > 0; ++lent) {
+  for (; held + lent < share && count_ > 0; ++lent) {
     if (!into.PushBack(ring_[head_])) break;
     head_ = Wrap(head_, 1);
     --count_;
     lent_.fetch_add(1, std::memory_order_relaxed);
   }
-  wanted_.store(lent < n, std::memory_order_relaxed);
+  const bool short_of_share = held + lent < share;
+  fell_short->store(short_of_share, std::memory_order_relaxed);
+  if (short_of_share) wanted_.store(true, std::memory_order_relaxed);
   return lent;
 }
 
@@ -177,6 +183,16 @@ void Srq::ReturnLent(const std::vector<RecvWqe>& unused) {
     ++count_;
     lent_.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+bool Srq::Reclaim(const Qp* taker) {
+  if (lent_.load(std::memory_order_relaxed) == 0) return false;
+  bool any = false;
+  std::lock_guard<std::mutex> g(users_mu_);
+  for (const User& u : users_)
+    if (u.id != taker)
+      if (std::shared_ptr<Qp> qp = u.qp.lock()) any = qp->GiveBackSrqWqes() || any;
+  return any;
 }
 
 int Srq::Modify(const ibv_srq_attr& attr, int mask) {

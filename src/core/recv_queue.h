@@ -93,25 +93,29 @@ class Srq : public RecvQueue {
   // Pops and raises IBV_EVENT_SRQ_LIMIT_REACHED when the armed limit is crossed.
   bool PopForQp(RecvWqe* out);
 
-  // ibv_post_srq_recv: queues, then offers what came to the QP that borrows (below) when its last
-  // borrow found the SRQ short.
+  // ibv_post_srq_recv: queues, then offers what came to the QPs whose last borrow (below) found the
+  // SRQ short.
   int PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad);
-  // A QP that is the only one taking from this SRQ may borrow WQEs to publish them to a same-host
-  // peer, whose SENDs then land without frames (direct_recv.cpp): a sender cannot take from a queue
-  // other QPs take from too. A second QP ends the borrowing (what was lent comes back), so that no
-  // QP finds the SRQ empty while another holds WQEs idle. Lent WQEs stay the SRQ's for
-  // ibv_post_srq_recv's room and for the limit until a message consumes them.
+  // The QPs that take from this SRQ may borrow WQEs to publish them to a same-host peer, whose
+  // SENDs then land without frames (direct_recv.cpp): a sender cannot take from a queue other QPs
+  // take from too. Each borrows up to its share of the depth. Lent WQEs stay the SRQ's for
+  // ibv_post_srq_recv's room and for the limit until a message consumes them, and a QP that finds
+  // the SRQ empty takes back what the others hold unused (Reclaim): no QP goes without a WQE while
+  // another holds one idle.
   void Attach(const std::shared_ptr<Qp>& qp);
   void Detach(const Qp* qp);
-  bool SoleUser(const Qp* qp) const { return sole_.load(std::memory_order_acquire) == qp; }
-  // Up to `n` WQEs moved into `into` (the borrowing QP's, under its lock) while `qp` is the only
-  // user; how many.
-  uint32_t Lend(const Qp* qp, RecvQueue& into, uint32_t n);
+  // Moves WQEs into `into` (a borrowing QP's, under its lock) until it holds `up_to` or the QP's
+  // share; how many. `fell_short` (the QP's) says whether the SRQ had fewer: the next post is
+  // offered to it.
+  uint32_t Lend(RecvQueue& into, uint32_t up_to, std::atomic<bool>* fell_short);
   // `n` lent WQEs took messages (the limit may fire); called before their completions are pushed,
   // so that a post made on seeing one finds the room.
   void ConsumeLent(uint32_t n);
   // Lent WQEs no message took come back to the head of the SRQ, in their order.
   void ReturnLent(const std::vector<RecvWqe>& unused);
+  // `taker` (under its lock) found the SRQ empty: the other users give back what they borrowed and
+  // no peer has taken. Whether any came back.
+  bool Reclaim(const Qp* taker);
   int Modify(const ibv_srq_attr& attr, int mask);
   void Query(ibv_srq_attr* attr) const;
   const Pd* pd() const { return pd_; }
@@ -136,17 +140,18 @@ class Srq : public RecvQueue {
   // Under mu_: the armed limit is crossed (it disarms); the caller raises the event, unlocked.
   bool CrossedLimitLocked();
   void RaiseLimitReached();
-  // Guards users_; taken before any QP's lock (Attach stops a borrower under it), never under one.
+  // Guards users_. Taken under a QP's lock (Reclaim), so never held while waiting for one.
   std::mutex users_mu_;
   struct User {
     const Qp* id;
     std::weak_ptr<Qp> qp;
   };
   std::vector<User> users_;
-  std::atomic<const Qp*> sole_{nullptr};
-  // The borrower's last Lend found fewer WQEs than it had room for: the next post is offered to it.
-  // Otherwise a post costs no more than the post (the borrower refills as messages consume).
-  std::atomic<bool> wanted_{true};
+  std::atomic<uint32_t> user_count_{0};  // written under users_mu_; read by Lend for the share
+  // Some borrower's last Lend found fewer WQEs than it had room for: the next post is offered to
+  // such borrowers. Otherwise a post costs no more than the post (borrowers refill as messages
+  // consume).
+  std::atomic<bool> wanted_{false};
   std::shared_ptr<Xrcd> xrcd_;
   Cq* cq_ = nullptr;
   uint32_t srqn_ = 0;

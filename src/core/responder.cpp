@@ -15,7 +15,7 @@ namespace softrdma::core {
 bool Qp::TakeRecvLocked(Srq* xrc_srq, RecvWqe* out) {
   if (xrc_srq) return xrc_srq->PopForQp(out);
   if (rq_) return TakeOwnRecvLocked(out);  // with an SRQ, what it lent comes first
-  return srq_ && srq_->PopForQp(out);
+  return srq_ && PopSrqLocked(out);
 }
 
 void Qp::SendAckLocked(link::Channel& ch, uint8_t syndrome, uint32_t psn) {

@@ -1,7 +1,8 @@
-// An SRQ with one QP lends it WQEs, which that QP publishes to a same-host peer's direct SENDs
-// (core/recv_queue.h, Srq::Lend). What was lent stays the SRQ's: a second QP ends the lending and
-// takes the WQEs, a QP in error gives them back unflushed, ibv_post_srq_recv counts them against
-// the depth and the limit fires as they are consumed, as if they had never left.
+// The QPs of an SRQ borrow its WQEs, which each publishes to a same-host peer's direct SENDs
+// (core/recv_queue.h, Srq::Lend). What was lent stays the SRQ's: a QP that finds the SRQ empty
+// takes back what another holds unused, a QP in error gives them back unflushed, ibv_post_srq_recv
+// counts them against the depth and the limit fires as they are consumed, as if they had never
+// left.
 #include <infiniband/verbs.h>
 
 #include <signal.h>
@@ -28,8 +29,9 @@ uint8_t Pattern(size_t i) {
 
 // The sending child. 'c' and an RNR retry count: one more QP, connected as ChildQp does (0: a
 // receiver without a WQE fails its SEND at once); 's' and a SendOrder: `count` SENDs of `len`
-// Pattern bytes on QP `qp`, each waited for, the first status that is not a success reported (-1:
-// no completion); 'x' ends.
+// Pattern bytes on QP `qp` (kEveryQp: on each in turn), each waited for, the first status that is
+// not a success reported (-1: no completion); 'x' ends.
+constexpr uint32_t kEveryQp = ~0u;
 struct SendOrder {
   uint32_t qp;
   uint32_t len;
@@ -50,10 +52,10 @@ int Sender(ChildPipe p, QpOpts o) {
       continue;
     }
     SendOrder s;
-    if (!p.Recv(&s) || s.qp >= qps.size()) return 22;
-    const ChildQp& c = *qps[s.qp];
+    if (!p.Recv(&s) || qps.empty() || (s.qp >= qps.size() && s.qp != kEveryQp)) return 22;
     int st = IBV_WC_SUCCESS;
     for (uint32_t i = 0; i < s.count && st == IBV_WC_SUCCESS; ++i) {
+      const ChildQp& c = *qps[s.qp == kEveryQp ? i % qps.size() : s.qp];
       if (PostSendMsg(c.q->qp, *c.b, 0, s.len, 1)) return 23;
       ibv_wc wc{};
       st = PollOne(c.q->scq, &wc, std::chrono::seconds(10)) ? wc.status : -1;
@@ -113,6 +115,15 @@ class SrqDirect : public VerbsTest {
     for (uint32_t i = 1; i <= n; ++i)
       ASSERT_EQ(PostSrqRecvSge(srq, region.Sge(i * 256, 256), i), 0);
   }
+  // The receive completion of message `got` of a stream the child sends, a success.
+  void NextReceived(uint32_t got, ibv_wc* wc) {
+    if (!PollOne(rcq, wc, std::chrono::seconds(10))) {
+      int st = -2;
+      child.Recv(&st, std::chrono::seconds(1));
+      FAIL() << "message " << got << " never came; the sender's status " << st;
+    }
+    ASSERT_EQ(wc->status, IBV_WC_SUCCESS) << WcStr(*wc);
+  }
   // Each of the `n` receive completions is a success of `qp` with its message; the wr_ids.
   std::set<uint64_t> ExpectReceived(size_t n, const Qp* qp) {
     std::set<uint64_t> ids;
@@ -135,8 +146,9 @@ class SrqDirect : public VerbsTest {
   ShareableRegion region;  // WQE i receives at i * 256
 };
 
-// The second QP's peer never retries an RNR NAK (nor do the others here): with the WQEs still lent
-// to the first QP, its SEND failed (RNR_RETRY_EXC_ERR).
+// The second QP's peer never retries an RNR NAK (nor do the others here): the SRQ is empty, all
+// its WQEs lent to the first QP, which gives them back (Srq::Reclaim). Kept by the first, the SEND
+// failed (RNR_RETRY_EXC_ERR).
 TEST_F(SrqDirect, ASecondQpTakesTheWqesTheSrqLentTheFirst) {
   ASSERT_NO_FATAL_FAILURE(Start(4, 4));
   ASSERT_EQ(Send(0), IBV_WC_SUCCESS);
@@ -209,12 +221,7 @@ TEST_F(SrqDirect, AWqeRepostedOnItsCompletionAlwaysFindsRoom) {
   ASSERT_TRUE(child.Send('s') && child.Send(SendOrder{0, 64, kMessages}));
   for (uint32_t got = 0; got < kMessages; ++got) {
     ibv_wc wc{};
-    if (!PollOne(rcq, &wc, std::chrono::seconds(10))) {
-      int st = -2;
-      child.Recv(&st, std::chrono::seconds(1));
-      FAIL() << "message " << got << " never came; the sender's status " << st;
-    }
-    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+    ASSERT_NO_FATAL_FAILURE(NextReceived(got, &wc));
     ASSERT_EQ(PostSrqRecvSge(srq, region.Sge(wc.wr_id * 256, 256), wc.wr_id), 0)
         << "message " << got;
   }
@@ -223,68 +230,127 @@ TEST_F(SrqDirect, AWqeRepostedOnItsCompletionAlwaysFindsRoom) {
   EXPECT_EQ(st, IBV_WC_SUCCESS);
 }
 
+// Two QPs on a shallow SRQ, messages to each in turn, each WQE reposted on its completion: every
+// message completes once, in a WQE posted and not yet completed, and every post finds room, while
+// the QPs borrow, consume, give back and borrow again.
+TEST_F(SrqDirect, TwoQpsOnAShallowSrqCompleteEveryWqeOnce) {
+  constexpr uint32_t kDepth = 4, kMessages = 40000;
+  ASSERT_NO_FATAL_FAILURE(Start(kDepth, kDepth, 7));
+  Qp* second = ConnectOnSrq(srq, 7);
+  ASSERT_NE(second, nullptr);
+  std::set<uint64_t> posted{1, 2, 3, 4};
+  uint32_t on_first = 0, on_second = 0;
+  ASSERT_TRUE(child.Send('s') && child.Send(SendOrder{kEveryQp, 64, kMessages}));
+  for (uint32_t got = 0; got < kMessages; ++got) {
+    ibv_wc wc{};
+    ASSERT_NO_FATAL_FAILURE(NextReceived(got, &wc));
+    ASSERT_EQ(posted.erase(wc.wr_id), 1u)
+        << "message " << got << ": wr_id " << wc.wr_id << " was not waiting for one";
+    (wc.qp_num == first->qpn() ? on_first : on_second)++;
+    ASSERT_EQ(PostSrqRecvSge(srq, region.Sge(wc.wr_id * 256, 256), wc.wr_id), 0)
+        << "message " << got;
+    posted.insert(wc.wr_id);
+  }
+  int st = -1;
+  ASSERT_TRUE(child.Recv(&st, std::chrono::seconds(15)));
+  EXPECT_EQ(st, IBV_WC_SUCCESS);
+  EXPECT_EQ(on_first, kMessages / 2);
+  EXPECT_EQ(on_second, kMessages / 2);
+}
+
 // The lending is what makes a SEND to an SRQ's QP direct: the receiving child stopped once its
-// WQEs are posted, the sender's completion comes at once, and the child finds the message when it
-// runs again. By frames it would wait for the stopped receiver's acknowledgement, and fail once the
-// retries ran out.
-int SrqReceiver(ChildPipe p, QpOpts o) {
+// WQEs are posted, the senders' completions come at once, and the child finds the messages when it
+// runs again. By frames they would wait for the stopped receiver's acknowledgement, and fail once
+// the retries ran out. With two QPs on the SRQ, each borrows its share: half the depth.
+constexpr uint32_t kReceiverDepth = 8;
+int SrqReceiver(ChildPipe p, QpOpts o, uint32_t qps, uint32_t per_qp) {
   Verbs v;
   if (!v.Open()) return 10;
-  o.srq = v.NewSrq(16);
+  o.srq = v.NewSrq(kReceiverDepth);
   ShareableRegion r;
-  Qp* q = o.srq && r.Make(v.pd) ? v.NewQp(o) : nullptr;
-  if (!q) return 11;
-  Remote theirs;
-  if (!p.Send(v.RemoteOf(q)) || !p.Recv(&theirs)) return 12;
-  if (BringUp(q->qp, o, theirs)) return 13;
-  for (uint64_t i = 0; i < 8; ++i)
+  if (!o.srq || !r.Make(v.pd)) return 11;
+  std::vector<Qp*> mine;
+  for (uint32_t i = 0; i < qps; ++i) {
+    Qp* q = v.NewQp(o);
+    if (!q) return 11;
+    Remote theirs;
+    if (!p.Send(v.RemoteOf(q)) || !p.Recv(&theirs)) return 12;
+    if (BringUp(q->qp, o, theirs)) return 13;
+    mine.push_back(q);
+  }
+  for (uint64_t i = 0; i < kReceiverDepth; ++i)
     if (PostSrqRecvSge(o.srq, r.Sge(i * 256, 256), i)) return 20;
   if (!p.Send('r')) return 21;
   char go;
   if (!p.Recv(&go)) return 22;
-  ibv_wc wc{};
   char verdict = 'K';
-  if (!PollOne(q->rcq, &wc, std::chrono::seconds(10)))
-    verdict = 'n';
-  else if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 0 || wc.byte_len != 200)
-    verdict = 'w';
-  for (size_t i = 0; i < 200 && verdict == 'K'; ++i)
-    if (r.p[i] != Pattern(i)) verdict = 'd';
+  for (uint32_t m = 0; m < qps * per_qp; ++m) {
+    Qp* q = mine[m / per_qp];
+    ibv_wc wc{};
+    if (!PollOne(q->rcq, &wc, std::chrono::seconds(10)))
+      verdict = 'n';
+    else if (wc.status != IBV_WC_SUCCESS || wc.wr_id >= kReceiverDepth || wc.byte_len != 200)
+      verdict = 'w';
+    for (size_t i = 0; i < 200 && verdict == 'K'; ++i)
+      if (r.p[wc.wr_id * 256 + i] != Pattern(i)) verdict = 'd';
+  }
   r.Free();  // before the device closes
   return p.Send(verdict) ? 0 : 23;
 }
 
-TEST(SrqDirectStoppedPeer, StillReceivesASendAndTheSenderCompletesAtOnce) {
+// `per_qp` SENDs on each of `qps` QPs.
+void SendWhileTheReceiverIsStopped(uint32_t qps, uint32_t per_qp) {
   if (ShmLinkOff()) GTEST_SKIP() << kShmLinkOff;
   Verbs v;
   ASSERT_TRUE(v.Open());
   QpOpts o;
   o.retry_cnt = 1;  // the long way would fail within a few hundred milliseconds
-  Qp* q = v.NewQp(o);
-  ASSERT_NE(q, nullptr);
+  std::vector<Qp*> mine;
+  for (uint32_t i = 0; i < qps; ++i) {
+    mine.push_back(v.NewQp(o));
+    ASSERT_NE(mine.back(), nullptr);
+  }
   Buffer* b = v.NewBuffer(kBytes);
   ASSERT_NE(b, nullptr);
   for (size_t i = 0; i < kBytes; ++i) b->data()[i] = Pattern(i);
   ForkedPeer child;
   ASSERT_NO_FATAL_FAILURE(StartAndConnect(
       v, child,
-      [o](int up, int down) {
-        return SrqReceiver(ChildPipe{up, down}, o);
+      [o, qps, per_qp](int up, int down) {
+        return SrqReceiver(ChildPipe{up, down}, o, qps, per_qp);
       },
-      q, o));
+      mine[0], o));
+  for (uint32_t i = 1; i < qps; ++i) {
+    Remote theirs;
+    ASSERT_TRUE(child.Recv(&theirs) && child.Send(v.RemoteOf(mine[i])));
+    ASSERT_EQ(BringUp(mine[i]->qp, o, theirs), 0);
+  }
   char ready;
   ASSERT_TRUE(child.Recv(&ready));
   ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
-  ASSERT_EQ(PostSendMsg(q->qp, *b, 0, 200, 9), 0);
-  ibv_wc wc{};
-  const bool completed = PollOne(q->scq, &wc, std::chrono::seconds(2));
+  std::vector<int> statuses;
+  for (uint32_t m = 0; m < qps * per_qp; ++m) {
+    Qp* q = mine[m / per_qp];
+    ASSERT_EQ(PostSendMsg(q->qp, *b, 0, 200, 9), 0);
+    ibv_wc wc{};
+    statuses.push_back(PollOne(q->scq, &wc, std::chrono::seconds(2)) ? wc.status : -1);
+  }
   ASSERT_EQ(kill(child.pid(), SIGCONT), 0);
-  ASSERT_TRUE(completed) << "no send completion while the receiver was stopped";
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << WcStr(wc);
+  for (uint32_t m = 0; m < qps * per_qp; ++m)
+    EXPECT_EQ(statuses[m], IBV_WC_SUCCESS) << "QP " << m / per_qp << ", message " << m % per_qp
+                                           << ": no success while the receiver was stopped";
   char verdict = 0;
   EXPECT_TRUE(child.Send('c') && child.Recv(&verdict));
   EXPECT_EQ(verdict, 'K');
   EXPECT_EQ(child.Wait(), 0);
+}
+
+TEST(SrqDirectStoppedPeer, StillReceivesASendAndTheSenderCompletesAtOnce) {
+  SendWhileTheReceiverIsStopped(1, 1);
+}
+
+TEST(SrqDirectStoppedPeer, EachOfTwoQpsOnTheSrqReceivesItsShareAtOnce) {
+  SendWhileTheReceiverIsStopped(2, kReceiverDepth / 2);
 }
 
 }  // namespace
