@@ -219,8 +219,11 @@ class ShmRingProducer {
   bool WaitForRoom(uint32_t bytes) { return AskForRoom(kShmRingBytes - uint64_t{bytes} * 2); }
   bool Drained() const { return c_->head.load(std::memory_order_acquire) == tail_; }
   // Asks for the doorbell when the consumer frees room. False when the bytes published and not
-  // yet consumed are at most `max_backlog` already (nothing to wait for).
+  // yet consumed are at most `max_backlog` already (nothing to wait for). The flag is raised only
+  // when that first look finds a backlog: raised and lowered around every UD datagram's check
+  // (ShmChannel::AwaitRoom), it had the consumer ring for nothing whenever it looked meanwhile.
   bool AskForRoom(uint64_t max_backlog) {
+    if (tail_ - c_->head.load(std::memory_order_acquire) <= max_backlog) return false;
     c_->producer_blocked.store(1, std::memory_order_seq_cst);
     if (tail_ - c_->head.load(std::memory_order_seq_cst) <= max_backlog) {
       c_->producer_blocked.store(0, std::memory_order_relaxed);
