@@ -127,8 +127,8 @@ int Srq::PostAndOffer(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   {
     std::lock_guard<std::mutex> g(users_mu_);
     for (const User& u : users_)
-      if (u.id->BorrowFellShort())
-        if (std::shared_ptr<Qp> qp = u.qp.lock()) offered.push_back(std::move(qp));
+      if (std::shared_ptr<Qp> qp = u.qp.lock(); qp && qp->BorrowFellShort())
+        offered.push_back(std::move(qp));
   }
   for (const std::shared_ptr<Qp>& qp : offered) qp->OfferSrqWqes();  // users_mu_ released first
   return r;
