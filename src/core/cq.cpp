@@ -94,12 +94,15 @@ int Cq::Poll(int n, ibv_wc* out) {
       }
     } else if (!queued_.load(std::memory_order_acquire)) {
       // The rest of the HCA's work (frames, the lease) runs at every kPollsPerProgress-th empty
-      // poll only, or at once when a receive queue waits for its refill: a poll that runs it takes
-      // several times as long as the look above, and a message that lands meanwhile waits for
-      // its end. A count, not a sequence: pollers racing on it only make the rhythm uneven.
+      // poll only (kPollsPerIdleProgress-th while the last such round found nothing), or at once
+      // when a receive queue waits for its refill: a poll that runs it takes several times as long
+      // as the look above, and a message that lands meanwhile waits for its end. A count, not a
+      // sequence: pollers racing on it only make the rhythm uneven.
       const uint32_t k = empty_polls_.load(std::memory_order_relaxed);
       empty_polls_.store(k + 1, std::memory_order_relaxed);
-      if (k % kPollsPerProgress != 0 && !ctx_.hca().RefillDue()) {
+      const uint32_t every = progress_idle_.load(std::memory_order_relaxed) ? kPollsPerIdleProgress
+                                                                            : kPollsPerProgress;
+      if (k % every != 0 && !ctx_.hca().RefillDue()) {
         // The application calls again at once: one pause per empty look leaves the core to a
         // peer on its sibling hyperthread (ib_send_lat there 0.26 -> 0.25 us). A pause is ~7 ns
         // here, which a message landing meanwhile waits for: eight cost more than they gave.
@@ -115,6 +118,8 @@ int Cq::Poll(int n, ibv_wc* out) {
     progressing_.store(true, std::memory_order_relaxed);
     bool worked = ctx_.hca().Progress();
     progressing_.store(false, std::memory_order_relaxed);
+    if (progress_idle_.load(std::memory_order_relaxed) == worked)
+      progress_idle_.store(!worked, std::memory_order_relaxed);
     t_poll_target = nullptr;
     got = target.got;
     if (worked && got < n) got += PollLocked(n - got, out + got);
