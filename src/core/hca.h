@@ -140,6 +140,15 @@ class Hca final : public link::FrameSink, public std::enable_shared_from_this<Hc
   void CompletionsTaken() {
     if (endpoint_) endpoint_->CompletionsTaken();
   }
+  // Resumes a channel that held a datagram for a receive WQE, from an application thread holding
+  // no lock of ours: delivered on this thread where it can be. Not in a fork child, whose
+  // channels are its parent's (Resume only rings the parent's progress thread).
+  void ResumeHeld(link::Channel& ch) {
+    if (endpoint_)
+      ch.ResumeHere();
+    else
+      ch.Resume();
+  }
   // See link::Endpoint::WaitAlongside; without an endpoint (a fork child) the read waits alone.
   int WaitAlongside(int fd) { return endpoint_ ? endpoint_->WaitAlongside(fd) : 0; }
   // See link::Endpoint::SecureQueuedPayloads.

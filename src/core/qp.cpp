@@ -497,7 +497,10 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  std::lock_guard g(mu_);
+  // Datagrams held for a WQE (WaitForReceiveLocked) are resumed once the lock is released, on this
+  // thread where no other serves them.
+  std::vector<std::weak_ptr<link::Channel>> resume;
+  std::unique_lock g(mu_);
   if (shut_down_ || state_ == IBV_QPS_RESET) {
     *bad = wr;
     return EINVAL;
@@ -508,7 +511,7 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
   else
     OpenDirectRecvLocked();
   datagram_wait_since_ = 0;
-  ResumeWaitingLocked();
+  if (!waiting_channels_.empty()) resume.swap(waiting_channels_);
   if (state_ == IBV_QPS_ERR) {
     for (const RecvWqe& w : rq_->Drain()) {
       ibv_wc wc{};
@@ -519,6 +522,9 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
       PushCompletionLocked(recv_cq_, wc, false);
     }
   }
+  g.unlock();
+  for (const auto& w : resume)
+    if (std::shared_ptr<link::Channel> ch = w.lock()) hca_.ResumeHeld(*ch);
   return r;
 }
 

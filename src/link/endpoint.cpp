@@ -1276,7 +1276,10 @@ void Endpoint::Impl::CompletionsTaken() {
   for (const auto& ch : copy.channels) waiting = ch->Leaving() || waiting;
   // Records that came while we were seen polling rang no doorbell: serve them now, as the poll
   // would have, or have the progress thread serve them (the holder may be past its look).
-  if (!waiting) return;
+  if (waiting) ServeHereOrWake();
+}
+
+void Endpoint::Impl::ServeHereOrWake() {
   if (!progress_mu.try_lock()) return Wake();
   ServeShm();
   DrainLoopback();

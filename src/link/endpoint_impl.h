@@ -168,6 +168,9 @@ struct Endpoint::Impl {
       poller_may_sleep.store(false, std::memory_order_relaxed);
   }
   void CompletionsTaken();
+  // Serves the rings on the calling thread (an application's, holding no lock of ours) when no
+  // other thread does, else wakes the progress thread.
+  void ServeHereOrWake();
   int WaitAlongside(int fd);
   // Under progress_mu: one round of inbound work as a blocked thread runs it (the hot socket, what
   // epoll reports, the timers); the events handled.

@@ -128,6 +128,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // ring. A datagram whose QP has no receive WQE waits so, for a bounded time.
   virtual bool Hold() { return false; }
   virtual void Resume() {}
+  // Resume, from an application thread that holds no lock of ours (ibv_post_recv, once the QP's
+  // lock is released): the channel may deliver what it held on this thread right away.
+  virtual void ResumeHere() { Resume(); }
   // The peer's published windows, when it can be accessed directly (same host); else nullptr.
   virtual PeerWindows* direct() { return nullptr; }
   // After placing a SEND in the peer's receive queue directly: wakes the peer if it sleeps, so

@@ -655,6 +655,11 @@ void ShmChannel::Resume() {
   ep_.Wake();  // the progress thread may sleep with the held frame counted as no work
 }
 
+void ShmChannel::ResumeHere() {
+  if (!head_held_.exchange(false, std::memory_order_acq_rel)) return;
+  ep_.ServeHereOrWake();
+}
+
 // Validates and handles one record the peer wrote. False: the peer broke the protocol.
 bool ShmChannel::HandleRecord(const uint8_t* p, uint64_t avail, uint32_t* consumed) {
   if (avail < sizeof(ShmRecordHeader) || avail > kShmRingBytes) return false;

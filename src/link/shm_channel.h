@@ -63,6 +63,7 @@ class ShmChannel final : public ServedChannel {
   }
   bool Hold() override;
   void Resume() override;
+  void ResumeHere() override;
   void Awake() {
     if (ready_.load(std::memory_order_acquire)) rx_.Awake();
   }
