@@ -48,7 +48,9 @@
 # shm ib_read_bw at 64 KiB (measured once, ib_read_bw came out 12 % over the
 # median of ib_write_bw's rounds, which spread from 88 to 101 GB/s, in one run
 # of three). A figure measured in rounds is the median over them; a ratio
-# between two of them is the median of the rounds' ratios.
+# between two of them is the median of the rounds' ratios. A second ping-pong
+# probe ends each round; the footer gives each round's own ratios of the
+# paired rows and its ping-pong at both ends (see bench/README.md).
 #
 # Units: latency in microseconds, one way (the median of perftest's
 # per-iteration half round trips, from the samples -H lists: its t_typical
@@ -314,11 +316,13 @@ take a,memcpy_1m "$(parse_memcpy_gbs "$(single_log "$name")" 1048576)"
 
 # ROUND_TAG names the latency round a case belongs to (in its log's name).
 ROUND_TAG=
+# pingpong_case [KEY [WHEN]]: the probe, into KEY (a,pingpong); WHEN names a
+# second probe of the round in its log's name.
 pingpong_case() {
-	local name="pingpong probe$ROUND_TAG"
+	local key=${1:-a,pingpong} name="pingpong probe${2:-}$ROUND_TAG"
 	progress "cache-line $name"
 	measure_single --raw --timeout 60 "$name" "$PROBE_DIR/softrdma-bench-pingpong --batches $pingpong_batches"
-	take a,pingpong "$(parse_pingpong_us "$(single_log "$name")")"
+	take "$key" "$(parse_pingpong_us "$(single_log "$name")")"
 }
 
 # ucx_case KEY TLS TEST SIZE ITERS WHAT: one ucx_perftest run (its server
@@ -421,7 +425,7 @@ scale_qps() {
 # R[key,round] holds a round's figure; V[key] becomes the median of the rounds.
 declare -A R
 ROUND_KEYS=("a,pingpong" "a,ucx_posix_lat" "shm,write_lat" "shm,send_lat" "a,ucx_tcp_lat" "tcp,write_lat" "tcp,send_lat"
-	"a,ucx_posix_put_64k" "shm,write_64k" "shm,read_64k")
+	"a,ucx_posix_put_64k" "shm,write_64k" "shm,read_64k" "a,pingpong_end")
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
 	END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 lat_args="-s 2 -n $LAT_ITERS"
@@ -437,6 +441,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
 	ucx_case a,ucx_posix_put_64k posix ucp_put_bw 65536 $((200000 / q)) bw
 	perftest_case shm write_64k bw:65536 ib_write_bw "-s 65536 -D $DURATION"
 	perftest_case shm read_64k bw:65536 ib_read_bw "-s 65536 -D $DURATION"
+	# Again at the round's end: whether the CPUs moved during it (the footer).
+	((ROUNDS > 1)) && pingpong_case a,pingpong_end " end"
 	for key in "${ROUND_KEYS[@]}"; do
 		[[ -n ${V[$key]:-} ]] && R[$key,$round]=${V[$key]}
 	done
@@ -632,8 +638,29 @@ if ((ROUNDS > 1)); then
 		[[ -z $pp_hi ]] || awk -v a="$pp" -v b="$pp_hi" 'BEGIN { exit !(a > b) }' && pp_hi=$pp
 	done
 	echo "${rounds_line%;}"
-	[[ -n $pp_lo ]] && awk -v lo="$pp_lo" -v hi="$pp_hi" 'BEGIN { exit !(hi > 2 * lo) }' &&
-		echo "note: the ping-pong changed more than 2x between rounds: the CPUs moved; compare rounds, not medians."
+	# Each round's own ratios of the paired rows, and its ping-pong at the start and at the end.
+	moved=0
+	for ((round = 1; round <= ROUNDS; round++)); do
+		pp=${R[a,pingpong,$round]:-} pe=${R[a,pingpong_end,$round]:-}
+		line="round $round ratios (ping-pong ${pp:--} -> ${pe:--} us):"
+		for pair in "shm,write_lat a,ucx_posix_lat write_lat/UCX" "shm,send_lat a,ucx_posix_lat send_lat/UCX" \
+			"shm,write_64k a,ucx_posix_put_64k write/put" "shm,read_64k shm,write_64k read/write"; do
+			read -r k1 k2 label <<<"$pair"
+			ratio=$(awk -v a="${R[$k1,$round]:-}" -v b="${R[$k2,$round]:-}" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b; else print "-" }')
+			line+=" $label $ratio,"
+		done
+		if [[ -n $pp && -n $pe ]] && awk -v a="$pp" -v b="$pe" 'BEGIN { exit !(a > 2 * b || b > 2 * a) }'; then
+			line+=" the CPUs moved during the round"
+			moved=1
+		fi
+		echo "${line%,}"
+		[[ -n $pe ]] || continue
+		awk -v a="$pe" -v b="$pp_lo" 'BEGIN { exit !(b == "" || a < b) }' && pp_lo=$pe
+		awk -v a="$pe" -v b="$pp_hi" 'BEGIN { exit !(b == "" || a > b) }' && pp_hi=$pe
+	done
+	if ((moved)) || { [[ -n $pp_lo ]] && awk -v lo="$pp_lo" -v hi="$pp_hi" 'BEGIN { exit !(hi > 2 * lo) }'; }; then
+		echo "note: the ping-pong changed more than 2x within the run: the CPUs moved; compare rounds, not medians."
+	fi
 fi
 echo "link: links logged by SOFTRDMA_LOG=1 (self = in-process); '!' = not the column's link."
 absent=()
