@@ -497,35 +497,47 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  // Datagrams held for a WQE (WaitForReceiveLocked) are resumed once the lock is released, on this
-  // thread where no other serves them.
-  std::vector<std::weak_ptr<link::Channel>> resume;
-  std::unique_lock g(mu_);
-  if (shut_down_ || state_ == IBV_QPS_RESET) {
-    *bad = wr;
-    return EINVAL;
-  }
-  int r = rq_->Post(wr, bad);
-  if (direct_rq_)
-    RefillDirectRecvLocked(false);
-  else
-    OpenDirectRecvLocked();
-  datagram_wait_since_ = 0;
-  if (!waiting_channels_.empty()) resume.swap(waiting_channels_);
-  if (state_ == IBV_QPS_ERR) {
-    for (const RecvWqe& w : rq_->Drain()) {
-      ibv_wc wc{};
-      wc.wr_id = w.wr_id;
-      wc.status = IBV_WC_WR_FLUSH_ERR;
-      wc.opcode = IBV_WC_RECV;
-      wc.qp_num = qpn_;
-      PushCompletionLocked(recv_cq_, wc, false);
+  int r;
+  bool held;
+  {
+    std::lock_guard g(mu_);
+    if (shut_down_ || state_ == IBV_QPS_RESET) {
+      *bad = wr;
+      return EINVAL;
+    }
+    r = rq_->Post(wr, bad);
+    if (direct_rq_)
+      RefillDirectRecvLocked(false);
+    else
+      OpenDirectRecvLocked();
+    datagram_wait_since_ = 0;
+    held = !waiting_channels_.empty();
+    if (state_ == IBV_QPS_ERR) {
+      for (const RecvWqe& w : rq_->Drain()) {
+        ibv_wc wc{};
+        wc.wr_id = w.wr_id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.opcode = IBV_WC_RECV;
+        wc.qp_num = qpn_;
+        PushCompletionLocked(recv_cq_, wc, false);
+      }
     }
   }
-  g.unlock();
-  for (const auto& w : resume)
-    if (std::shared_ptr<link::Channel> ch = w.lock()) hca_.ResumeHeld(*ch);
+  if (held) ResumeHeldHere();
   return r;
+}
+
+// Datagrams held for a WQE (WaitForReceiveLocked) are resumed on the posting thread once the lock
+// is released, where the channel may deliver them at once (Hca::ResumeHeld). Apart from
+// PostRecv's path: every post of a request-response exchange passes there.
+void Qp::ResumeHeldHere() {
+  std::vector<std::weak_ptr<link::Channel>> waiting;
+  {
+    std::lock_guard g(mu_);
+    waiting.swap(waiting_channels_);
+  }
+  for (const auto& w : waiting)
+    if (std::shared_ptr<link::Channel> ch = w.lock()) hca_.ResumeHeld(*ch);
 }
 
 void Qp::Shutdown() {

@@ -477,6 +477,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
     if (!waiting_channels_.empty()) ResumeWaitingChannelsLocked();
   }
   void ResumeWaitingChannelsLocked();
+  [[gnu::cold]] void ResumeHeldHere();
   uint32_t rq_psn_ = 0;
   uint32_t msn_ = 0;
   bool rnr_nak_outstanding_ = false;
