@@ -306,14 +306,19 @@ void Qp::EnterErrorLocked() {
   if (srq_) {
     if (!was_error) RaiseAsync(IBV_EVENT_QP_LAST_WQE_REACHED);
   } else if (rq_) {
-    for (const RecvWqe& r : rq_->Drain()) {
-      ibv_wc wc{};
-      wc.wr_id = r.wr_id;
-      wc.status = IBV_WC_WR_FLUSH_ERR;
-      wc.opcode = IBV_WC_RECV;
-      wc.qp_num = qpn_;
-      PushCompletionLocked(recv_cq_, wc, false);
-    }
+    FlushRecvQueueLocked();
+  }
+}
+
+// Every WQE of the receive queue completes with WR_FLUSH_ERR (a QP in the error state).
+void Qp::FlushRecvQueueLocked() {
+  for (const RecvWqe& r : rq_->Drain()) {
+    ibv_wc wc{};
+    wc.wr_id = r.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qpn_;
+    PushCompletionLocked(recv_cq_, wc, false);
   }
 }
 
@@ -512,16 +517,7 @@ int Qp::PostRecv(const ibv_recv_wr* wr, const ibv_recv_wr** bad) {
       OpenDirectRecvLocked();
     datagram_wait_since_ = 0;
     held = !waiting_channels_.empty();
-    if (state_ == IBV_QPS_ERR) {
-      for (const RecvWqe& w : rq_->Drain()) {
-        ibv_wc wc{};
-        wc.wr_id = w.wr_id;
-        wc.status = IBV_WC_WR_FLUSH_ERR;
-        wc.opcode = IBV_WC_RECV;
-        wc.qp_num = qpn_;
-        PushCompletionLocked(recv_cq_, wc, false);
-      }
-    }
+    if (state_ == IBV_QPS_ERR) FlushRecvQueueLocked();
   }
   if (held) ResumeHeldHere();
   return r;

@@ -478,6 +478,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   }
   void ResumeWaitingChannelsLocked();
   [[gnu::cold]] void ResumeHeldHere();
+  void FlushRecvQueueLocked();
   uint32_t rq_psn_ = 0;
   uint32_t msn_ = 0;
   bool rnr_nak_outstanding_ = false;
