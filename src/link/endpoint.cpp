@@ -59,7 +59,7 @@ constexpr int64_t kDatagramStreamGapNs = 4'000;
 // Only datagrams this small are held, sixteen or more to the datagram backlog (link.h): held ones
 // count against it as sent, and the peer credits only what it has read, so larger ones held waited
 // for credits that their holding delayed (2 KiB across two namespaces: 0.07-0.12 -> 0.06-0.08 M
-// msgs/s; 1 KiB 0.12-0.14 -> 0.19-0.27).
+// msgs/s; 1 KiB 0.09-0.15 -> 0.28-0.34).
 constexpr uint32_t kHeldDatagramBytes = kDatagramBacklogBytes / 16;
 
 uint64_t Key(const PeerAddr& a);
@@ -166,8 +166,8 @@ class TcpChannel final : public ServedChannel {
   // about a microsecond per message); queues what the socket did not take.
   void SendLocked(OutFrame* const* frames, int n) {
     const bool datagram = frames[n - 1]->datagram;
-    if (datagram) datagram_stream_ = NowNs() - last_datagram_ns_ < kDatagramStreamGapNs;
-    if (DeferLocked(frames, n)) {
+    const bool stream = datagram && NowNs() - last_datagram_ns_ < kDatagramStreamGapNs;
+    if (DeferLocked(frames, n, stream)) {
       // After the deferral, whose first asks epoll for EPOLLOUT (~9 us here, with the progress
       // thread woken): the gap to the next datagram counts from here.
       if (datagram) last_datagram_ns_ = NowNs();
@@ -234,20 +234,21 @@ class TcpChannel final : public ServedChannel {
     }
   }
 
-  // A stream's requests (OutFrame::deferrable) wait in the queue for the next EPOLLOUT, which
-  // the progress thread or a polling thread serves: the requests posted meanwhile leave with them
-  // in one sendmsg. On loopback a send costs its sender the receiver's TCP work as well (~7 us a
-  // segment on this VM): ib_write_bw 64 B paid it for every WRITE. Anything else, or a queue of
-  // kDeferFrames, writes the whole queue at once (KickLocked).
-  bool DeferLocked(OutFrame* const* frames, int n) {
+  // A stream's requests (OutFrame::deferrable), and its small datagrams (`datagram_stream`: see
+  // last_datagram_ns_), wait in the queue for the next EPOLLOUT, which the progress thread or a
+  // polling thread serves: what is posted meanwhile leaves with them in one sendmsg. On loopback a
+  // send costs its sender the receiver's TCP work as well (~7 us a segment on this VM):
+  // ib_write_bw 64 B paid it for every WRITE. Anything else, or a queue of kDeferFrames, writes
+  // the whole queue at once (KickLocked).
+  bool DeferLocked(OutFrame* const* frames, int n, bool datagram_stream) {
     if (connecting_ || broken_ || closed_.load(std::memory_order_relaxed) ||
         (!txq_.empty() && !deferred_) || txq_.size() + static_cast<size_t>(n) > kDeferFrames)
       return false;
     for (int i = 0; i < n; ++i) {
       const OutFrame& f = *frames[i];
-      if (!(f.deferrable || (f.datagram && datagram_stream_)) || f.payload_len > kDeferPayloadBytes)
-        return false;
-      if (f.datagram && !f.deferrable && f.payload_len > kHeldDatagramBytes) return false;
+      const bool held_datagram =
+          f.datagram && datagram_stream && f.payload_len <= kHeldDatagramBytes;
+      if (!(f.deferrable || held_datagram) || f.payload_len > kDeferPayloadBytes) return false;
     }
     for (int i = 0; i < n; ++i) {
       QueueLocked(std::move(*frames[i]));
@@ -823,11 +824,10 @@ class TcpChannel final : public ServedChannel {
   std::shared_ptr<ServedChannel> twin_;
   bool want_out_ = true;   // registered with EPOLLOUT at creation
   bool deferred_ = false;  // txq_ holds a stream's requests for the next EPOLLOUT (DeferLocked)
-  // Whether the datagram being sent continues a stream: it came within kDatagramStreamGapNs of the
-  // end of the channel's last Send of one (last_datagram_ns_). A datagram completes once the link
-  // has it, so none is ever in flight, and the requests' test (OutFrame::deferrable) never held
-  // one: ib_send_bw -c UD 64 B paid a send(2) per datagram, 0.13-0.25 M msgs/s against RC's 0.72.
-  bool datagram_stream_ = false;
+  // When the channel's last Send of a datagram ended: one that comes within kDatagramStreamGapNs
+  // continues a stream, and DeferLocked may hold it. A datagram completes once the link has it, so
+  // none is ever in flight, and the requests' test (OutFrame::deferrable) never held one:
+  // ib_send_bw -c UD 64 B paid a send(2) per datagram, 0.13-0.25 M msgs/s against RC's 0.72.
   int64_t last_datagram_ns_ = INT64_MIN / 2;
   bool broken_ = false;
   bool room_wanted_ = false;  // AwaitRoom said no room: tell the sink when there is
