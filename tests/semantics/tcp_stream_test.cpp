@@ -314,7 +314,7 @@ TEST_F(TcpStream, DatagramsPostedBackToBackLeaveTogether) {
   const int completed = ibv_poll_cq(a->scq, kWrites, wcs);
   EXPECT_EQ(completed, kWrites) << "datagrams waited behind the stream's own held ones";
   stopper.Release();
-  for (int i = completed; i < kWrites; ++i)
+  for (int i = std::max(completed, 0); i < kWrites; ++i)
     ASSERT_TRUE(PollOne(a->scq, &wcs[i])) << "datagram " << i;
   for (const ibv_wc& c : wcs) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
   ASSERT_TRUE(peer.Send('c'));
