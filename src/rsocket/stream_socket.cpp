@@ -60,7 +60,10 @@ uint8_t* AllocBuffer(size_t len) {
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
+// As librdmacm's own rsockets: a rejection is a refusal; another event that carries an errno
+// (UNREACHABLE carries ECONNREFUSED where nothing listens on the port) gives it.
 int CmErrno(const rdma_cm_event* e) {
+  if (e->event != RDMA_CM_EVENT_REJECTED && e->status < 0) return -e->status;
   switch (e->event) {
     case RDMA_CM_EVENT_REJECTED:
     case RDMA_CM_EVENT_CONNECT_ERROR:

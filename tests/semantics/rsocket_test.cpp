@@ -374,8 +374,7 @@ TEST(RsocketErrors, ConnectWithoutListenerIsRefused) {
   auto t0 = Clock::now();
   errno = 0;
   EXPECT_EQ(rconnect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
-  EXPECT_TRUE(errno == ECONNREFUSED || errno == ETIMEDOUT || errno == EHOSTUNREACH)
-      << strerror(errno);
+  EXPECT_EQ(errno, ECONNREFUSED) << strerror(errno);
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
   rclose(fd);
 }
