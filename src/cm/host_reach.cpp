@@ -22,6 +22,7 @@
 #include "cm/cm.h"
 #include "cm/ip_address.h"
 #include "core/log.h"
+#include "link/own_socket.h"
 
 namespace softrdma::cm {
 
@@ -59,7 +60,7 @@ void Cm::OpenRendezvous(CmId* id) {
   if (id->rendezvous_fd >= 0 || !StartService()) return;
   sockaddr_storage ss;
   ToSockaddr(id->src, &ss);
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -111,7 +112,7 @@ void Cm::StartProbe(CmId* id) {
   if (id->dst.port == 0 || !StartService()) return;
   sockaddr_storage ss;
   ToSockaddr(id->dst, &ss);
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   if (connect(fd, reinterpret_cast<sockaddr*>(&ss), SockaddrLen(id->dst)) != 0 &&
       errno != EINPROGRESS) {

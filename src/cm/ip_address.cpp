@@ -8,6 +8,8 @@
 
 #include <cstring>
 
+#include "link/own_socket.h"
+
 namespace softrdma::cm {
 
 namespace {
@@ -108,7 +110,7 @@ std::optional<Addr> RouteSource(const Addr& dst) {
   sockaddr_storage ss;
   ToSockaddr(dst, &ss);
   reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(9);  // any non-zero port
-  int fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::nullopt;
   std::optional<Addr> out;
   if (connect(fd, reinterpret_cast<sockaddr*>(&ss), SockaddrLen(dst)) == 0) {

@@ -21,6 +21,7 @@
 #include "cm/cm.h"
 #include "cm/ip_address.h"
 #include "core/log.h"
+#include "link/own_socket.h"
 #include "link/running_thread.h"
 
 namespace softrdma::cm {
@@ -39,7 +40,7 @@ void SetNoDelay(int fd) {
 
 bool Cm::StartService() {
   if (started_) return true;
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd >= 0) {
     int zero = 0;
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
@@ -53,7 +54,7 @@ bool Cm::StartService() {
   }
   if (fd < 0) {
     // No IPv6 in this namespace: IPv4 alone.
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = sys::OwnSocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return false;
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -105,7 +106,7 @@ Peer* Cm::PeerFor(const ServiceAddr& s, std::unique_lock<std::mutex>* lk) {
   sockaddr_storage ss;
   ToSockaddr(s.ip, &ss);
   reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(s.port);
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   bool ok = fd >= 0;
   if (ok && connect(fd, reinterpret_cast<sockaddr*>(&ss), SockaddrLen(s.ip)) != 0) {
     ok = errno == EINPROGRESS;

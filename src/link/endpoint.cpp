@@ -28,6 +28,7 @@
 
 #include "link/endpoint_impl.h"
 #include "link/frame_codec.h"
+#include "link/own_socket.h"
 #include "link/plain_syscall.h"
 #include "link/running_thread.h"
 #include "link/sanitizers.h"
@@ -420,7 +421,7 @@ class TcpChannel final : public ServedChannel {
   // Opens the connection of a lazy path (the endpoint's lock held). A socket that cannot even
   // start connecting leaves the channel closed: its frames are lost and its QPs time out.
   void OpenLocked() {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = sys::OwnSocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd >= 0) {
       sockaddr_in a{};
       a.sin_family = AF_INET;
@@ -1547,7 +1548,7 @@ std::unique_ptr<Endpoint> Endpoint::Start(FrameSink& sink, const IdentityFn& ide
   // given back and another one tried.
   for (int attempt = 0; attempt < 32 && !im.udp; ++attempt) {
     if (im.listen_fd >= 0) close(im.listen_fd);
-    im.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    im.listen_fd = sys::OwnSocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);

@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "link/frame_codec.h"
+#include "link/own_socket.h"
 #include "link/plain_syscall.h"
 #include "link/shared_memory.h"
 
@@ -170,7 +171,7 @@ int64_t ShmUnrungCheckNs() {
 }
 
 int ShmChannel::Listen(uint16_t port) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   socklen_t len;
   sockaddr_un a = AbstractName(port, &len);
@@ -211,7 +212,7 @@ bool ShmChannel::MapRings(int memfd, bool connector) {
 }
 
 std::shared_ptr<ShmChannel> ShmChannel::Connect(Endpoint::Impl& ep, uint16_t port) {
-  int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int sock = sys::OwnSocket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (sock < 0) return nullptr;
   socklen_t alen;
   sockaddr_un a = AbstractName(port, &alen);

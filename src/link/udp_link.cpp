@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "link/frame_codec.h"
+#include "link/own_socket.h"
 #include "link/placement_guard.h"
 #include "link/plain_syscall.h"
 
@@ -66,7 +67,7 @@ class InboundChannel final : public Channel {
 }  // namespace
 
 std::unique_ptr<UdpLink> UdpLink::Bind(uint16_t port, FrameSink& sink, std::string* err) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = sys::OwnSocket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *err = std::string("udp socket: ") + strerror(errno);
     return nullptr;

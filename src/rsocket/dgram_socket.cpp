@@ -250,10 +250,7 @@ int DgramSocket::BindLocked(const sockaddr* addr) {
   if (!channel_) return -errno;
   SetNonBlocking(channel_->fd);
   if (rdma_create_id(channel_, &id_, this, RDMA_PS_UDP)) return -errno;
-  if (opts_.reuseaddr) {
-    int one = 1;
-    rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one);
-  }
+  ApplyBindOptionsLocked(id_);
   if (rdma_bind_addr(id_, const_cast<sockaddr*>(addr))) return -errno;
   if (rdma_listen(id_, 64)) return -errno;
   SidrResponder::Get().Add(channel_, qp_->qp_num);

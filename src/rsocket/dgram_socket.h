@@ -40,6 +40,9 @@ class DgramSocket : public Socket {
   short Readiness(short events) override;
   bool Arm(std::vector<pollfd>* fds) override;
 
+ protected:
+  bool AddressFixedLocked() const override { return bound_; }
+
  private:
   struct Dest {
     ibv_ah* ah = nullptr;

@@ -3,6 +3,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -13,6 +14,10 @@
 
 namespace softrdma::rsocket {
 namespace {
+
+// The port's active MTU, the segment size rdma-core's rsockets report for a path of it. (iperf3
+// calls a TCP_MAXSEG larger than a UDP datagram, as 65536 was, nonsense.)
+constexpr int kPathMtu = 4096;
 
 int ReadInt(const void* val, socklen_t len, int* out) {
   if (!val) return -EFAULT;
@@ -98,9 +103,19 @@ int Socket::SetSockOpt(int level, int name, const void* val, socklen_t len) {
           if (len < static_cast<socklen_t>(sizeof(::linger))) return -EINVAL;
           std::memcpy(&opts_.linger, val, sizeof(::linger));
           break;
+        case SO_OOBINLINE:
+          if ((r = ReadInt(val, len, &v))) return r;
+          opts_.oobinline = v != 0;
+          break;
         default:
           return -ENOPROTOOPT;
       }
+      break;
+    case IPPROTO_IPV6:
+      if (family_ != AF_INET6 || name != IPV6_V6ONLY) return -ENOPROTOOPT;
+      if ((r = ReadInt(val, len, &v))) return r;
+      if (AddressFixedLocked()) return -EINVAL;
+      opts_.v6only = v != 0;
       break;
     case IPPROTO_TCP:
       if (type_ != SOCK_STREAM) return -ENOPROTOOPT;
@@ -117,6 +132,12 @@ int Socket::SetSockOpt(int level, int name, const void* val, socklen_t len) {
           if ((r = ReadInt(val, len, &v))) return r;
           if (v < 1) return -EINVAL;
           opts_.keepidle = v;
+          break;
+        case TCP_KEEPCNT:
+        case TCP_KEEPINTVL:
+          if ((r = ReadInt(val, len, &v))) return r;
+          if (v < 1) return -EINVAL;
+          (name == TCP_KEEPCNT ? opts_.keepcnt : opts_.keepintvl) = v;
           break;
         default:
           return -ENOPROTOOPT;
@@ -170,6 +191,8 @@ int Socket::GetSockOpt(int level, int name, void* val, socklen_t* len) {
           return WriteInt(TakeError(), val, len);
         case SO_TYPE:
           return WriteInt(type_, val, len);
+        case SO_OOBINLINE:
+          return WriteInt(opts_.oobinline, val, len);
         case SO_LINGER: {
           socklen_t n = std::min<socklen_t>(*len, sizeof(::linger));
           std::memcpy(val, &opts_.linger, n);
@@ -185,12 +208,31 @@ int Socket::GetSockOpt(int level, int name, void* val, socklen_t* len) {
         case TCP_NODELAY:
           return WriteInt(opts_.nodelay, val, len);
         case TCP_MAXSEG:
-          return WriteInt(65536, val, len);
+          return WriteInt(kPathMtu, val, len);
+        case TCP_INFO: {
+          // What a monitor reads (iperf3, every interval): the state and the segment size. No
+          // retransmission is ever counted: the connection below is reliable.
+          tcp_info info{};
+          info.tcpi_state = ConnectedLocked() ? TCP_ESTABLISHED : TCP_CLOSE;
+          info.tcpi_snd_mss = info.tcpi_rcv_mss = kPathMtu;
+          info.tcpi_snd_cwnd = opts_.sq_size;
+          const socklen_t n = std::min<socklen_t>(*len, sizeof info);
+          std::memcpy(val, &info, n);
+          *len = n;
+          return 0;
+        }
         case TCP_KEEPIDLE:
           return WriteInt(opts_.keepidle, val, len);
+        case TCP_KEEPCNT:
+          return WriteInt(opts_.keepcnt, val, len);
+        case TCP_KEEPINTVL:
+          return WriteInt(opts_.keepintvl, val, len);
         default:
           return -ENOPROTOOPT;
       }
+    case IPPROTO_IPV6:
+      if (family_ != AF_INET6 || name != IPV6_V6ONLY) return -ENOPROTOOPT;
+      return WriteInt(opts_.v6only, val, len);
     case SOL_RDMA:
       switch (name) {
         case RDMA_SQSIZE:
@@ -207,6 +249,15 @@ int Socket::GetSockOpt(int level, int name, void* val, socklen_t* len) {
     default:
       return -ENOPROTOOPT;
   }
+}
+
+void Socket::ApplyBindOptionsLocked(rdma_cm_id* id) const {
+  int on = 1;
+  if (opts_.reuseaddr)
+    rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof on);
+  if (family_ != AF_INET6) return;
+  int only = opts_.v6only;
+  rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &only, sizeof only);
 }
 
 int Socket::Fcntl(int cmd, long arg) {

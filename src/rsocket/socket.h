@@ -18,6 +18,8 @@
 #include <mutex>
 #include <vector>
 
+struct rdma_cm_id;
+
 namespace softrdma::rsocket {
 
 // Tunables an application sets with rsetsockopt before connecting.
@@ -31,7 +33,15 @@ struct Options {
   bool reuseaddr = false;
   bool keepalive = false;
   bool nodelay = false;
+  bool oobinline = false;
+  // IPV6_V6ONLY: an AF_INET6 socket bound to the wildcard also takes IPv4 peers unless set, as
+  // Linux does by default (net.ipv6.bindv6only 0).
+  bool v6only = false;
   int keepidle = 7200;
+  // TCP_KEEPCNT, TCP_KEEPINTVL: kept for getsockopt only; the connection is reliable and its
+  // keepalive probes are the CM's.
+  int keepcnt = 9;
+  int keepintvl = 75;
   ::linger linger{};
 };
 
@@ -82,6 +92,14 @@ class Socket {
   }
   // Options applied to a socket that is already connected (most only matter before).
   virtual int OnSetOption(int level, int name, const void* val, socklen_t len);
+  // Whether the socket has its local address (bound, listening, connecting or connected): then
+  // IPV6_V6ONLY can no longer change, as for a kernel socket.
+  virtual bool AddressFixedLocked() const = 0;
+  // Whether it is a connected stream (TCP_INFO's state).
+  virtual bool ConnectedLocked() const { return false; }
+  // Gives id the options that decide how it binds (SO_REUSEADDR, IPV6_V6ONLY); before
+  // rdma_bind_addr.
+  void ApplyBindOptionsLocked(rdma_cm_id* id) const;
   // Consumes SO_ERROR.
   virtual int TakeError();
 

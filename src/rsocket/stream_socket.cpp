@@ -114,10 +114,7 @@ int StreamSocket::Bind(const sockaddr* addr, socklen_t len) {
   if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return -EAFNOSUPPORT;
   if (addr->sa_family == AF_INET6 && len < sizeof(sockaddr_in6)) return -EINVAL;
   if (state_ != State::kIdle) return -EINVAL;
-  if (opts_.reuseaddr) {
-    int one = 1;
-    rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one);
-  }
+  ApplyBindOptionsLocked(id_);
   if (rdma_bind_addr(id_, const_cast<sockaddr*>(addr))) return -errno;
   state_ = State::kBound;
   return 0;
@@ -129,10 +126,7 @@ int StreamSocket::Listen(int backlog) {
   if (state_ == State::kIdle) {
     sockaddr_storage any{};
     any.ss_family = static_cast<sa_family_t>(family_);
-    if (opts_.reuseaddr) {
-      int one = 1;
-      rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one);
-    }
+    ApplyBindOptionsLocked(id_);
     if (rdma_bind_addr(id_, reinterpret_cast<sockaddr*>(&any))) return -errno;
     state_ = State::kBound;
   }

@@ -71,6 +71,10 @@ class StreamSocket : public Socket, public std::enable_shared_from_this<StreamSo
   short Readiness(short events) override;
   bool Arm(std::vector<pollfd>* fds) override;
 
+ protected:
+  bool AddressFixedLocked() const override { return state_ != State::kIdle; }
+  bool ConnectedLocked() const override { return state_ == State::kConnected; }
+
  private:
   enum class State {
     kIdle,

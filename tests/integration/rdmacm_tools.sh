@@ -486,6 +486,40 @@ rcopy_case() {  # MiB
 		"$SNS" "$CNS"
 }
 
+# iperf3 on Debian's librspreload (rsocket(7)'s preload library, which turns
+# the program's sockets into rsockets of our librdmacm). The server listens on
+# the IPv6 wildcard with IPV6_V6ONLY off, so an IPv4 client needs the dual
+# stack. Each side's summary must show a bitrate; "nonsense" is iperf3's warning
+# about a TCP_MAXSEG it cannot use, "getsockopt" its report of an option we lack.
+RSPRELOAD=$(compgen -G '/usr/lib/*/rsocket/librspreload.so.1' | head -n 1)
+iperf3_check() {
+	local f
+	for f in "$1" "$2"; do
+		grep -Eq '^\[ *([0-9]+|SUM)\] .* [0-9.]+ [GM]bits/sec .*(sender|receiver)' "$f" || {
+			echo "no summary line with a bitrate in ${f##*/}"
+			return 1
+		}
+	done
+}
+
+rspreload_case() {
+	local args="$*" name
+	name="iperf3 over librspreload${args:+ $args}"
+	want "$name" || return 0
+	if [[ -z $RSPRELOAD ]]; then
+		srdma_record "$name" fail "librspreload.so.1 not found (package librdmacm1)"
+		return 1
+	fi
+	srdma_next_port "$SNS"
+	run_pair --port "$PORT" --timeout "$(tmo_for "$name")" \
+		--reject "$REJECT_COMMON|nonsense|getsockopt" \
+		--check iperf3_check \
+		"$name" \
+		"env LD_PRELOAD=$RSPRELOAD iperf3 -s -1 -p $PORT" \
+		"env LD_PRELOAD=$RSPRELOAD iperf3 -c $HOST -p $PORT -t 1 $args" \
+		"$SNS" "$CNS"
+}
+
 rsocket_cases() {
 	rs_case --anchor rstream -T s -S 65536 -C 100
 	rs_case rstream -S 4096 -C 1000
@@ -493,11 +527,13 @@ rsocket_cases() {
 	rs_case rstream -S 65536 -C 1000 -T n
 	rs_case riostream -S 4096 -C 1000
 	rs_case riostream -S 65536 -C 100 -T v
+	rspreload_case
 	if ((QUICK)); then
 		rcopy_case 1
 		rs_case udpong -S 1024 -C 100
 		return
 	fi
+	rspreload_case -R -P 2
 	# The acceptance set: every rstream mode (f = kernel sockets after a fork,
 	# as upstream), all sizes, riostream's defaults, a 100 MB copy, udpong.
 	local t
@@ -530,6 +566,7 @@ hosts_cases() {
 	rs_case rstream -S 65536 -C 1000 -T b
 	rs_case riostream -S 4096 -C 1000
 	rcopy_case 100
+	rspreload_case
 	# No udpong: its datagrams cross as they do in --netns (the UDP port space's CM is udaddy's
 	# here), and under load it is the suite's flaky case there (it resends after 1 ms).
 }

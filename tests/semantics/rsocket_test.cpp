@@ -305,6 +305,126 @@ TEST_F(Rsocket, OptionsAndNames) {
   EXPECT_EQ(local.sin_port, addr_.sin_port);
 }
 
+// The options rsocket(7) lists beyond those above, and what monitors read (iperf3 through
+// librspreload reads TCP_MAXSEG once and TCP_INFO every interval).
+TEST_F(Rsocket, OptionsMonitorsReadAnswerAsTcpDoes) {
+  int v = 1;
+  int got = -1;
+  socklen_t len = sizeof got;
+  EXPECT_EQ(rsetsockopt(lfd_, SOL_SOCKET, SO_OOBINLINE, &v, sizeof v), 0) << strerror(errno);
+  EXPECT_EQ(rgetsockopt(lfd_, SOL_SOCKET, SO_OOBINLINE, &got, &len), 0) << strerror(errno);
+  EXPECT_EQ(got, 1);
+  for (int name : {TCP_KEEPCNT, TCP_KEEPINTVL}) {
+    v = 7;
+    EXPECT_EQ(rsetsockopt(lfd_, IPPROTO_TCP, name, &v, sizeof v), 0) << name;
+    len = sizeof got;
+    EXPECT_EQ(rgetsockopt(lfd_, IPPROTO_TCP, name, &got, &len), 0) << name;
+    EXPECT_EQ(got, 7) << name;
+    v = 0;
+    errno = 0;
+    EXPECT_EQ(rsetsockopt(lfd_, IPPROTO_TCP, name, &v, sizeof v), -1) << name;
+    EXPECT_EQ(errno, EINVAL) << name;
+  }
+  // Larger than a UDP datagram (65507 bytes) iperf3 calls "nonsense".
+  len = sizeof got;
+  ASSERT_EQ(rgetsockopt(lfd_, IPPROTO_TCP, TCP_MAXSEG, &got, &len), 0);
+  EXPECT_GT(got, 0);
+  EXPECT_LE(got, 65507);
+
+  tcp_info info{};
+  len = sizeof info;
+  ASSERT_EQ(rgetsockopt(lfd_, IPPROTO_TCP, TCP_INFO, &info, &len), 0) << strerror(errno);
+  EXPECT_EQ(len, sizeof info);
+  EXPECT_EQ(info.tcpi_state, TCP_CLOSE) << "a listener";
+  Connect();
+  std::memset(&info, 0xff, sizeof info);
+  len = sizeof info;
+  ASSERT_EQ(rgetsockopt(cfd_, IPPROTO_TCP, TCP_INFO, &info, &len), 0) << strerror(errno);
+  EXPECT_EQ(info.tcpi_state, TCP_ESTABLISHED);
+  EXPECT_EQ(info.tcpi_total_retrans, 0u);
+  EXPECT_EQ(info.tcpi_snd_mss, static_cast<uint32_t>(got));
+  // A shorter buffer takes what fits, as from a kernel socket.
+  uint8_t first = 0xff;
+  len = 1;
+  ASSERT_EQ(rgetsockopt(sfd_, IPPROTO_TCP, TCP_INFO, &first, &len), 0);
+  EXPECT_EQ(len, 1u);
+  EXPECT_EQ(first, TCP_ESTABLISHED);
+}
+
+// IPV6_V6ONLY, as on Linux: an option of AF_INET6 sockets only, off by default (a wildcard
+// listener also takes IPv4 peers), fixed once the socket has its address.
+TEST(RsocketIpv6Only, IsAnIpv6OptionUntilTheSocketIsBound) {
+  int v4 = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(v4, 0);
+  int one = 1;
+  errno = 0;
+  EXPECT_EQ(rsetsockopt(v4, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one), -1);
+  EXPECT_EQ(errno, ENOPROTOOPT);
+  rclose(v4);
+
+  for (int type : {SOCK_STREAM, SOCK_DGRAM}) {
+    int fd = rsocket(AF_INET6, type, 0);
+    ASSERT_GE(fd, 0) << type;
+    int got = -1;
+    socklen_t len = sizeof got;
+    ASSERT_EQ(rgetsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &got, &len), 0) << type;
+    EXPECT_EQ(got, 0) << type;
+    EXPECT_EQ(rsetsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one), 0) << type;
+    len = sizeof got;
+    ASSERT_EQ(rgetsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &got, &len), 0) << type;
+    EXPECT_EQ(got, 1) << type;
+    sockaddr_in6 any{};
+    any.sin6_family = AF_INET6;
+    ASSERT_EQ(rbind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any), 0) << strerror(errno);
+    int zero = 0;
+    errno = 0;
+    EXPECT_EQ(rsetsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero), -1) << type;
+    EXPECT_EQ(errno, EINVAL) << type;
+    rclose(fd);
+  }
+}
+
+TEST(RsocketIpv6Only, DecidesWhetherAWildcardListenerTakesIpv4Peers) {
+  for (int only : {0, 1}) {
+    SCOPED_TRACE(only ? "IPV6_V6ONLY 1" : "IPV6_V6ONLY 0");
+    int l = rsocket(AF_INET6, SOCK_STREAM, 0);
+    ASSERT_GE(l, 0);
+    ASSERT_EQ(rsetsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &only, sizeof only), 0);
+    sockaddr_in6 any{};
+    any.sin6_family = AF_INET6;
+    ASSERT_EQ(rbind(l, reinterpret_cast<sockaddr*>(&any), sizeof any), 0) << strerror(errno);
+    ASSERT_EQ(rlisten(l, 4), 0) << strerror(errno);
+    ASSERT_EQ(rfcntl(l, F_SETFL, O_NONBLOCK), 0);
+    socklen_t len = sizeof any;
+    ASSERT_EQ(rgetsockname(l, reinterpret_cast<sockaddr*>(&any), &len), 0);
+    sockaddr_in to = Loopback(ntohs(any.sin6_port));
+    int c = rsocket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(c, 0);
+    std::atomic<int> result{-1};
+    std::thread t(
+        [&] { result = rconnect(c, reinterpret_cast<sockaddr*>(&to), sizeof to) ? errno : 0; });
+    // The listener takes whatever comes until the connect has its answer (bounded: 10 s).
+    int s = -1;
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (s < 0 && Clock::now() < deadline) {
+      s = raccept(l, nullptr, nullptr);
+      if (s < 0 && result.load() >= 0) break;
+      if (s < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    t.join();
+    if (only) {
+      EXPECT_LT(s, 0) << "an IPv4 peer reached an IPv6-only listener";
+      EXPECT_EQ(result.load(), ECONNREFUSED) << strerror(result.load());
+    } else {
+      EXPECT_GE(s, 0) << "the IPv4 peer was not taken";
+      EXPECT_EQ(result.load(), 0) << strerror(result.load());
+    }
+    if (s >= 0) rclose(s);
+    rclose(c);
+    rclose(l);
+  }
+}
+
 TEST(RsocketErrors, BadArgumentsFailAsSocketsDo) {
   errno = 0;
   EXPECT_EQ(rsocket(AF_UNIX, SOCK_STREAM, 0), -1);
