@@ -33,6 +33,16 @@ TEST_F(DeviceMemory, CopiesInAndOutStayWithinTheAllocation) {
             std::vector<uint8_t>(in.begin(), in.begin() + 96));
   EXPECT_EQ(ibv_memcpy_to_dm(dm, 4000, in.data(), 97), EFAULT) << "one byte past the end";
   EXPECT_EQ(ibv_memcpy_from_dm(out.data(), dm, 4097, 0), EFAULT);
+  // mlx5 moves 4-byte words: an offset or a length off that grain is EINVAL, the range intact.
+  std::vector<uint8_t> before(8, 0);
+  ASSERT_EQ(ibv_memcpy_from_dm(before.data(), dm, 0, 8), 0);
+  EXPECT_EQ(ibv_memcpy_to_dm(dm, 1, in.data(), 4), EINVAL);
+  EXPECT_EQ(ibv_memcpy_to_dm(dm, 0, in.data(), 6), EINVAL);
+  EXPECT_EQ(ibv_memcpy_from_dm(out.data(), dm, 2, 4), EINVAL);
+  EXPECT_EQ(ibv_memcpy_from_dm(out.data(), dm, 0, 3), EINVAL);
+  std::vector<uint8_t> after(8, 1);
+  ASSERT_EQ(ibv_memcpy_from_dm(after.data(), dm, 0, 8), 0);
+  EXPECT_EQ(after, before);
   EXPECT_EQ(ibv_free_dm(dm), 0);
 
   ibv_alloc_dm_attr bad{};

@@ -12,21 +12,28 @@
 namespace softrdma::abi {
 namespace {
 
-// Bounds-checked copies: a range outside the allocation is EFAULT (mlx5 says the same).
 bool InBounds(const VerbsDm* dm, uint64_t offset, size_t length) {
   return offset <= dm->length && length <= dm->length - offset;
 }
 
+// The errors of mlx5's copies, the device memory programs are written for: a range outside the
+// allocation is EFAULT, then an offset or length that is not a multiple of 4 bytes EINVAL (its
+// hardware moves 4-byte words; pyverbs' test_dm_write_bad_flow expects the refusal).
+int CopyError(const VerbsDm* dm, uint64_t offset, size_t length) {
+  if (!InBounds(dm, offset, length)) return EFAULT;
+  return ((offset | length) & 3) ? EINVAL : 0;
+}
+
 int MemcpyToDm(ibv_dm* dm, uint64_t offset, const void* host, size_t length) {
   VerbsDm* d = VerbsDm::From(dm);
-  if (!InBounds(d, offset, length)) return EFAULT;
+  if (int e = CopyError(d, offset, length)) return e;
   std::memcpy(d->mem + offset, host, length);
   return 0;
 }
 
 int MemcpyFromDm(void* host, ibv_dm* dm, uint64_t offset, size_t length) {
   VerbsDm* d = VerbsDm::From(dm);
-  if (!InBounds(d, offset, length)) return EFAULT;
+  if (int e = CopyError(d, offset, length)) return e;
   std::memcpy(host, d->mem + offset, length);
   return 0;
 }
