@@ -6,6 +6,7 @@
 //
 // The fixture's TearDown deallocates the PD and expects 0: a refused create that still counted a
 // user of the PD (or of the CQ) shows up there as EBUSY.
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,6 +18,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <vector>
 
 namespace {
@@ -243,6 +246,37 @@ TEST_F(BadInput, OpeningADeviceThatIsNotOursFailsWithEnodev) {
   ibv_device foreign{};
   std::strcpy(foreign.name, "mlx5_0");
   EXPECT_FAILS_WITH(ibv_open_device(&foreign), ENODEV);
+}
+
+// A kernel device's context holds its command descriptor open; programs dup it to import the
+// context elsewhere (pyverbs' test_import_dm), which softrdma does not support.
+TEST_F(BadInput, AContextsCommandFdIsItsOwnAndImportingItIsNotSupported) {
+  ibv_context* other = ibv_open_device(ctx_->device);
+  ASSERT_NE(other, nullptr) << strerror(errno);
+  for (ibv_context* c : {ctx_, other}) {
+    ASSERT_GE(c->cmd_fd, 0);
+    EXPECT_NE(fcntl(c->cmd_fd, F_GETFD), -1) << "not an open descriptor";
+    EXPECT_NE(c->cmd_fd, c->async_fd);
+  }
+  EXPECT_NE(ctx_->cmd_fd, other->cmd_fd);
+  const int dup_fd = dup(other->cmd_fd);
+  ASSERT_GE(dup_fd, 0) << strerror(errno);
+  EXPECT_FAILS_WITH(ibv_import_device(dup_fd), EOPNOTSUPP);
+  close(dup_fd);
+  EXPECT_EQ(ibv_close_device(other), 0);
+
+  // ibv_close_device closes it: contexts opened and closed leave no descriptor behind.
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator{});
+  };
+  const auto before = open_fds();
+  for (int i = 0; i < 64; ++i) {
+    ibv_context* c = ibv_open_device(ctx_->device);
+    ASSERT_NE(c, nullptr) << strerror(errno);
+    ASSERT_EQ(ibv_close_device(c), 0);
+  }
+  EXPECT_LT(open_fds() - before, 32) << "each context left a descriptor open";
 }
 
 // ---- Memory regions

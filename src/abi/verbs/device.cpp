@@ -2,6 +2,8 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -181,14 +183,19 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   }
   auto* vc = new VerbsContext{};
   vc->core = std::make_unique<core::Context>(hca);
-  if (!vc->core->async_events().ok()) {
+  // The command descriptor a kernel device's context holds open. Nothing is ever read from ours,
+  // but it is a real one: programs dup it to import the context into another (pyverbs does;
+  // ibv_import_device then says EOPNOTSUPP, which they take for "not supported").
+  const int cmd_fd = eventfd(0, EFD_CLOEXEC);
+  if (!vc->core->async_events().ok() || cmd_fd < 0) {
+    if (cmd_fd >= 0) close(cmd_fd);
     delete vc;
     return Fail<ibv_context>(EMFILE);
   }
   vc->vctx.sz = sizeof(verbs_context);
   ibv_context& c = vc->vctx.context;
   c.device = device;
-  c.cmd_fd = -1;
+  c.cmd_fd = cmd_fd;
   c.async_fd = vc->core->async_events().fd();
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
@@ -201,6 +208,7 @@ SOFTRDMA_EXPORT int ibv_close_device(ibv_context* context) {
   if (!context) return EINVAL;
   VerbsContext* vc = VerbsContext::From(context);
   pthread_mutex_destroy(&context->mutex);
+  close(context->cmd_fd);
   delete vc;
   return 0;
 }
