@@ -43,6 +43,11 @@ TEST_F(DeviceMemory, CopiesInAndOutStayWithinTheAllocation) {
   std::vector<uint8_t> after(8, 1);
   ASSERT_EQ(ibv_memcpy_from_dm(after.data(), dm, 0, 8), 0);
   EXPECT_EQ(after, before);
+  // An empty region over it registers (mlx5's does; pyverbs' test_create_dm_mr makes one).
+  ibv_mr* empty = ibv_reg_dm_mr(v.pd, dm, 0, 0, kZeroBased);
+  ASSERT_NE(empty, nullptr) << strerror(errno);
+  EXPECT_EQ(empty->length, 0u);
+  EXPECT_EQ(ibv_dereg_mr(empty), 0);
   EXPECT_EQ(ibv_free_dm(dm), 0);
 
   ibv_alloc_dm_attr bad{};

@@ -69,8 +69,9 @@ ibv_mr* RegDmMr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned
   constexpr unsigned kAllowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                 IBV_ACCESS_ZERO_BASED;
-  // Zero-based only, as ibv_reg_dm_mr(3) requires.
-  if (!pd || !dm || length == 0 || !(access & IBV_ACCESS_ZERO_BASED) || (access & ~kAllowed))
+  // Zero-based only, as ibv_reg_dm_mr(3) requires. An empty region is one (mlx5 registers it, and
+  // pyverbs' test_create_dm_mr makes one): no access but an empty one reaches through it.
+  if (!pd || !dm || !(access & IBV_ACCESS_ZERO_BASED) || (access & ~kAllowed))
     return Fail<ibv_mr>(EINVAL);
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE))
