@@ -215,6 +215,28 @@ int Cq::Arm(bool solicited_only) {
   return 0;
 }
 
+void Cq::Forget(uint32_t qpn, bool sends, bool receives) {
+  std::lock_guard g(mu_);
+  DropAnnouncedLocked();
+  // The events announced with kept completions keep announcing them, at their new numbers.
+  std::deque<uint64_t> announced;
+  auto next_announced = announced_.begin();
+  size_t kept = 0;
+  for (size_t i = 0; i < count_; ++i) {
+    const Cqe e = ring_[(head_ + i) % ring_.size()];
+    const bool was_announced = next_announced != announced_.end() && *next_announced == taken_ + i;
+    if (was_announced) ++next_announced;
+    const bool receive = (e.wc.opcode & IBV_WC_RECV) != 0;
+    if (e.wc.qp_num == qpn && (receive ? receives : sends)) continue;
+    if (was_announced) announced.push_back(taken_ + kept);
+    ring_[(head_ + kept) % ring_.size()] = e;
+    ++kept;
+  }
+  announced_.swap(announced);
+  count_ = kept;
+  queued_.store(count_, std::memory_order_release);
+}
+
 int Cq::Resize(uint32_t depth) {
   std::lock_guard g(mu_);
   if (depth < count_) return EINVAL;

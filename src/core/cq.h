@@ -48,6 +48,9 @@ class Cq {
   // Whether ibv_req_notify_cq asked for an event that has not come yet (read without the lock).
   bool Armed() const { return armed_.load(std::memory_order_relaxed) != kDisarmed; }
   int Resize(uint32_t depth);  // EINVAL when fewer slots than queued completions
+  // Drops the queued completions of QP `qpn`: its sends' (`sends`) and its receives' (`receives`,
+  // the opcodes with IBV_WC_RECV set). A QP moved to reset takes its unpolled completions with it.
+  void Forget(uint32_t qpn, bool sends, bool receives);
   uint32_t depth() const { return static_cast<uint32_t>(ring_.size() - 1); }
   void* user_handle() const { return user_handle_; }
   CompChannel* channel() const { return channel_; }

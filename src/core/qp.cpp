@@ -213,6 +213,7 @@ int Qp::Modify(const ibv_qp_attr& attr, int mask) {
     case IBV_QPS_RESET:
       ResetLocked();
       SetStateLocked(IBV_QPS_RESET);
+      ForgetCompletionsLocked();
       break;
     case IBV_QPS_ERR:
       EnterErrorLocked();
@@ -277,6 +278,16 @@ void Qp::ResetLocked() {
   fresh.port_num = kPortNum;
   fresh.path_mtu = IBV_MTU_4096;
   attr_ = fresh;
+}
+
+// Its completions not yet polled go, flushes included, as mlx4 and mlx5 clean their CQs at reset:
+// a QP brought back from the error state must not meet the flushes of before (pyverbs'
+// test_mr_rereg_pd polls a receive flushed at the error after its restart). Receives through an
+// SRQ stay: their WQEs are the SRQ's, and the application gets them back only by their completion.
+void Qp::ForgetCompletionsLocked() {
+  const bool own_receives = srq_ == nullptr;
+  if (send_cq_) send_cq_->Forget(qpn_, true, own_receives && recv_cq_ == send_cq_);
+  if (recv_cq_ && recv_cq_ != send_cq_ && own_receives) recv_cq_->Forget(qpn_, false, true);
 }
 
 void Qp::EnterErrorLocked() {

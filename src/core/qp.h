@@ -276,6 +276,7 @@ class Qp : public FrameReceiver, public std::enable_shared_from_this<Qp> {
   // Binds and invalidations run when the requester reaches them, without a frame.
   ibv_wc_status RunLocalOpLocked(const SendWqe& w);
   void PushCompletionLocked(Cq* cq, const ibv_wc& wc, bool solicited);
+  void ForgetCompletionsLocked();
   void RaiseAsync(ibv_event_type type);
 
   // requester.cpp

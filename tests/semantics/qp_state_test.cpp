@@ -410,6 +410,39 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, QpStateTest,
 
 using QpPosting = VerbsTest;
 
+// A QP moved to RESET takes its completions not yet polled with it, flushes included, as mlx4 and
+// mlx5 clean their CQs: brought back from the error state, it must not meet the flushes of
+// before (pyverbs' test_mr_rereg_pd). Another QP's completions on the same CQ stay, in order.
+TEST_F(QpPosting, AQpResetTakesItsUnpolledCompletionsWithIt) {
+  QpOpts o;
+  o.send_cq = o.recv_cq = v.NewCq(64);
+  ASSERT_NE(o.send_cq, nullptr);
+  Qp* reset = v.NewQp(o);
+  Qp* other = v.NewQp(o);
+  ASSERT_TRUE(reset && other);
+  Buffer* buf = Buf(4096);
+  ASSERT_EQ(ToInit(reset->qp, o), 0);
+  ASSERT_EQ(ToInit(other->qp, o), 0);
+  ASSERT_EQ(PostRecv(other->qp, *buf, 0, 64, 21), 0);
+  ASSERT_EQ(PostRecv(reset->qp, *buf, 64, 64, 11), 0);
+  ASSERT_EQ(PostRecv(other->qp, *buf, 128, 64, 22), 0);
+  ASSERT_EQ(PostRecv(reset->qp, *buf, 192, 64, 12), 0);
+  // The error state flushes both QPs' receives into the shared CQ, interleaved.
+  ASSERT_EQ(ToErr(other->qp), 0);
+  ASSERT_EQ(ToErr(reset->qp), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(reset->qp, &a, IBV_QP_STATE), 0);
+  const std::vector<ibv_wc> left = Drain(o.send_cq, milliseconds(1));
+  ASSERT_EQ(left.size(), 2u) << "the reset QP's flushes stayed in the CQ";
+  EXPECT_EQ(left[0].wr_id, 21u);
+  EXPECT_EQ(left[1].wr_id, 22u);
+  for (const ibv_wc& wc : left) {
+    EXPECT_EQ(wc.qp_num, other->qp->qp_num);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  }
+}
+
 // ibv_post_send(3): processing stops at the first WR that fails; those before it are posted (and
 // executed), those after are not.
 TEST_F(QpPosting, PostSendChainStopsAtFirstBadWrAndRunsTheOnesBefore) {
