@@ -6,4 +6,5 @@ apt-get update -q
 apt-get install -y -q --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev clang-format googletest libgtest-dev \
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils ibverbs-providers perftest qperf \
-  iperf3 ucx-utils libucx-dev openmpi-bin libopenmpi-dev iproute2 procps coreutils python3
+  iperf3 ucx-utils libucx-dev openmpi-bin libopenmpi-dev iproute2 procps coreutils python3 \
+  python3-pyverbs
