@@ -5,7 +5,8 @@
 // (rsocket(7)'s preload library, over this very librdmacm) turns every socket() of the process
 // into an rsocket, ours included: the first rbind opened the device under the CM's lock, the
 // device opened the TCP link's listener, and that socket() came back into rsocket() and waited
-// for the same lock. Its other wrappers pass descriptors they did not make straight through.
+// for the same lock. The preload's other wrappers pass descriptors it did not make straight
+// through.
 //
 // Under ThreadSanitizer the wrapper stays: its interceptor is where it learns of the descriptor
 // (link/plain_syscall.h says why that matters).

@@ -38,8 +38,8 @@ struct Options {
   // Linux does by default (net.ipv6.bindv6only 0).
   bool v6only = false;
   int keepidle = 7200;
-  // TCP_KEEPCNT, TCP_KEEPINTVL: kept for getsockopt only; the connection is reliable and its
-  // keepalive probes are the CM's.
+  // TCP_KEEPCNT, TCP_KEEPINTVL: kept for getsockopt only, as SO_KEEPALIVE and TCP_KEEPIDLE are
+  // (no keepalive probes: docs/rsocket.md).
   int keepcnt = 9;
   int keepintvl = 75;
   ::linger linger{};
